@@ -1,0 +1,48 @@
+// Clock: all time in elastic-run goes through this interface so tests can drive cooldowns and
+// deadlines with a FakeClock.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+
+namespace elastic {
+
+using SteadyClock = std::chrono::steady_clock;
+using TimePoint = SteadyClock::time_point;
+using Duration = SteadyClock::duration;
+using Millis = std::chrono::milliseconds;
+
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual TimePoint Now() const = 0;
+  // Waits on `cv` (whose mutex `lock` holds) until `pred()` is true or this clock reaches
+  // `deadline`. Returns pred()'s final value. Thread-safe.
+  virtual bool WaitUntil(std::unique_lock<std::mutex>& lock, std::condition_variable& cv,
+                         TimePoint deadline, const std::function<bool()>& pred) = 0;
+};
+
+// The process-wide real steady clock. Never null, never destroyed.
+Clock* RealClock();
+
+// A clock that moves only when Advance() is called. Waiters are woken on every Advance();
+// they also re-check every few real milliseconds, so a wake-up racing with Advance is not lost.
+class FakeClock : public Clock {
+ public:
+  explicit FakeClock(TimePoint start = TimePoint() + std::chrono::hours(1)) : now_(start) {}
+  TimePoint Now() const override;
+  bool WaitUntil(std::unique_lock<std::mutex>& lock, std::condition_variable& cv,
+                 TimePoint deadline, const std::function<bool()>& pred) override;
+  void Advance(Duration d);
+
+ private:
+  mutable std::mutex mu_;
+  TimePoint now_;                            // guarded by mu_
+  std::set<std::condition_variable*> cvs_;  // guarded by mu_: waiters to wake on Advance
+};
+
+}  // namespace elastic

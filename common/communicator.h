@@ -1,0 +1,69 @@
+// The abstract collective Communicator. state/ syncs through it without knowing Gloo or NCCL;
+// worker_agent/ implements it (GlooCommunicator, NcclCommunicator).
+//
+// Collectives are called by every rank in the same order. They block until done and are not
+// thread-safe against each other; Abort() is the one method that may be called from another
+// thread. A collective that fails because a peer is gone, or because Abort() was called,
+// throws WorkerLostError.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace elastic {
+
+// A collective failed because a peer of this round is gone: roll back and re-form.
+class WorkerLostError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The driver announced a membership change, and this rank stopped at a commit to re-form.
+class HostsUpdated : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class DataType { kF32, kF64, kF16, kBF16, kI32, kI64 };
+enum class ReduceOp { kSum, kAvg, kMin, kMax };
+
+size_t DataTypeSize(DataType dtype);
+const char* DataTypeName(DataType dtype);
+const char* ReduceOpName(ReduceOp op);
+
+// A view of `count` elements of `dtype` at `data`; not owned.
+struct TensorView {
+  void* data = nullptr;
+  size_t count = 0;
+  DataType dtype = DataType::kF32;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual int local_rank() const = 0;
+  virtual int local_size() const = 0;
+  virtual int cross_rank() const = 0;
+  virtual int cross_size() const = 0;
+
+  // In-place allreduce of `count` elements. kAvg divides the sum by size() (integers truncate).
+  virtual void Allreduce(void* data, size_t count, DataType dtype, ReduceOp op) = 0;
+  // Allreduces many tensors through a fusion buffer: one collective per bucket of tensors of
+  // one dtype. Equivalent to calling Allreduce on each tensor.
+  virtual void AllreduceMany(const std::vector<TensorView>& tensors, ReduceOp op) = 0;
+  // Broadcasts `bytes` bytes from `root` into `data` on every other rank.
+  virtual void Broadcast(void* data, size_t bytes, int root) = 0;
+  // Gathers each rank's bytes (sizes may differ); result[i] is rank i's contribution.
+  virtual std::vector<std::vector<char>> Allgather(const void* data, size_t bytes) = 0;
+  virtual void Barrier() = 0;
+  // Fails any collective in flight (and every later one) with WorkerLostError. Thread-safe.
+  virtual void Abort() = 0;
+};
+
+}  // namespace elastic

@@ -1,0 +1,28 @@
+#include "common/logging.h"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+
+namespace elastic {
+
+Status InitLogging(const std::string& level, const std::string& prefix) {
+  std::string name = level;
+  if (name.empty()) {
+    const char* env = std::getenv("ELASTIC_LOG_LEVEL");
+    name = env && *env ? env : "info";
+  }
+  auto parsed = spdlog::level::from_str(name);
+  if (parsed == spdlog::level::off && name != "off") {
+    return InvalidArgument("unknown log level '" + name +
+                           "' (use trace, debug, info, warn, error, critical or off)");
+  }
+  auto logger = spdlog::stderr_color_mt("elastic-" + prefix + "-" + std::to_string(rand()));
+  logger->set_pattern("[%H:%M:%S.%e] [" + prefix + "] [%^%l%$] %v");
+  logger->set_level(parsed);
+  spdlog::set_default_logger(logger);
+  return Status::Ok();
+}
+
+}  // namespace elastic

@@ -1,0 +1,145 @@
+#include "rendezvous/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <thread>
+
+#include "proto/elastic.grpc.pb.h"
+#include "rendezvous/convert.h"
+
+namespace elastic::rendezvous {
+
+struct Client::Stub {
+  std::unique_ptr<v1::Rendezvous::Stub> stub;
+};
+
+Client::Client(ClientOptions options) : options_(std::move(options)) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Reconnect quickly: the driver may come up a moment after its workers try it.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Each client its own connection, so simulated workers in one process are like real ones.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  channel_ = grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
+  stub_ = std::make_unique<Stub>();
+  stub_->stub = v1::Rendezvous::NewStub(channel_);
+}
+
+Client::~Client() = default;
+
+void Client::Prepare(grpc::ClientContext* ctx, TimePoint deadline) const {
+  ctx->AddMetadata("x-elastic-token", options_.token);
+  auto left = deadline - SteadyClock::now();
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::duration_cast<std::chrono::system_clock::duration>(left));
+}
+
+template <typename Fn>
+Status Client::Retry(TimePoint deadline, Fn&& attempt) {
+  Duration backoff = options_.first_backoff;
+  while (true) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx, deadline);
+    Status s = FromGrpc(attempt(&ctx));
+    if (s.code() != Code::kUnavailable) return s;
+    TimePoint now = SteadyClock::now();
+    if (now + backoff >= deadline) return s.WithContext("driver at " + options_.address);
+    std::this_thread::sleep_for(backoff);  // backoff between reconnect attempts, bounded above
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+}
+
+StatusOr<JoinResult> Client::Join(const std::string& slot, int64_t last_round, Duration timeout) {
+  v1::JoinRequest req;
+  req.set_slot(slot);
+  req.set_last_round(last_round);
+  v1::JoinResponse resp;
+  Status s = Retry(SteadyClock::now() + timeout, [&](grpc::ClientContext* ctx) {
+    return stub_->stub->Join(ctx, req, &resp);
+  });
+  if (!s.ok()) return s;
+  JoinResult r;
+  r.removed = resp.removed();
+  if (!r.removed) r.assignment = FromProto(resp.assignment());
+  return r;
+}
+
+Status Client::Set(int64_t round, const std::string& key, const std::string& value) {
+  v1::SetRequest req;
+  req.set_round(round);
+  req.set_key(key);
+  req.set_value(value);
+  v1::SetResponse resp;
+  return Retry(SteadyClock::now() + options_.call_timeout, [&](grpc::ClientContext* ctx) {
+    return stub_->stub->Set(ctx, req, &resp);
+  });
+}
+
+StatusOr<std::vector<std::string>> Client::Get(int64_t round, const std::vector<std::string>& keys,
+                                               Duration timeout) {
+  v1::GetRequest req;
+  req.set_round(round);
+  for (const auto& k : keys) req.add_keys(k);
+  req.set_timeout_ms(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count());
+  v1::GetResponse resp;
+  // The server waits up to timeout_ms; the call's own deadline leaves a little room beyond it.
+  Status s = Retry(SteadyClock::now() + timeout + std::chrono::seconds(1),
+                   [&](grpc::ClientContext* ctx) { return stub_->stub->Get(ctx, req, &resp); });
+  if (!s.ok()) return s;
+  if (static_cast<size_t>(resp.values_size()) != keys.size()) {
+    return Internal("Get returned " + std::to_string(resp.values_size()) + " values for " +
+                    std::to_string(keys.size()) + " keys");
+  }
+  std::vector<std::string> out(resp.values().begin(), resp.values().end());
+  return out;
+}
+
+Status Client::SendReport(const Report& report) {
+  v1::ReportRequest req;
+  ToProto(report, &req);
+  v1::ReportResponse resp;
+  return Retry(SteadyClock::now() + options_.call_timeout, [&](grpc::ClientContext* ctx) {
+    return stub_->stub->Report(ctx, req, &resp);
+  });
+}
+
+Status Client::Watch(const std::string& slot, const std::function<void(const Event&)>& on_event,
+                     const std::function<void()>& on_open) {
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("x-elastic-token", options_.token);
+  {
+    std::lock_guard<std::mutex> g(watch_mu_);
+    if (watch_cancelled_) return Cancelled("watch cancelled");
+    watch_ctx_ = &ctx;
+  }
+  v1::WatchRequest req;
+  req.set_slot(slot);
+  auto reader = stub_->stub->Watch(&ctx, req);
+  // The server marks an accepted stream in its initial metadata; a refused one has none.
+  reader->WaitForInitialMetadata();
+  bool opened = ctx.GetServerInitialMetadata().count("x-elastic-watch") > 0;
+  if (opened && on_open) on_open();
+  v1::Event ev;
+  while (opened && reader->Read(&ev)) on_event(FromProto(ev));
+  Status s = FromGrpc(reader->Finish());
+  {
+    std::lock_guard<std::mutex> g(watch_mu_);
+    watch_ctx_ = nullptr;
+  }
+  return s;
+}
+
+void Client::CancelWatch() {
+  std::lock_guard<std::mutex> g(watch_mu_);
+  watch_cancelled_ = true;
+  if (watch_ctx_) watch_ctx_->TryCancel();
+}
+
+}  // namespace elastic::rendezvous

@@ -1,0 +1,66 @@
+// Client of the Rendezvous service, used by the worker agent (and tests and benchmarks).
+// Every call has a deadline; calls that fail with UNAVAILABLE are retried with backoff until
+// that deadline, no other failure is retried. Thread-safe: one Client may serve many threads.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "rendezvous/types.h"
+
+namespace grpc {
+class Channel;
+class ClientContext;
+}  // namespace grpc
+
+namespace elastic::rendezvous {
+
+struct ClientOptions {
+  std::string address;  // host:port of the driver
+  std::string token;
+  Duration call_timeout = std::chrono::seconds(30);  // Set and Report
+  Duration first_backoff = std::chrono::milliseconds(20);
+  Duration max_backoff = std::chrono::milliseconds(500);
+};
+
+class Client {
+ public:
+  explicit Client(ClientOptions options);
+  ~Client();
+
+  // Waits up to `timeout` for a round newer than `last_round` that includes `slot`.
+  StatusOr<JoinResult> Join(const std::string& slot, int64_t last_round, Duration timeout);
+  Status Set(int64_t round, const std::string& key, const std::string& value);
+  // Waits server-side, up to `timeout`, until every key exists; values in key order.
+  StatusOr<std::vector<std::string>> Get(int64_t round, const std::vector<std::string>& keys,
+                                         Duration timeout);
+  Status SendReport(const Report& report);
+  // Streams events of `slot` to `on_event` until the stream ends (server shutdown, error, or
+  // CancelWatch()); returns how it ended. Not retried: a broken stream is the caller's signal.
+  // `on_open` runs once the stream is established.
+  Status Watch(const std::string& slot, const std::function<void(const Event&)>& on_event,
+               const std::function<void()>& on_open = nullptr);
+  // Ends a Watch in progress on another thread (it returns CANCELLED). Thread-safe.
+  void CancelWatch();
+
+ private:
+  template <typename Fn>
+  Status Retry(TimePoint deadline, Fn&& attempt);
+  void Prepare(grpc::ClientContext* ctx, TimePoint deadline) const;
+
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  struct Stub;
+  std::unique_ptr<Stub> stub_;
+  std::mutex watch_mu_;
+  grpc::ClientContext* watch_ctx_ = nullptr;  // guarded by watch_mu_
+  bool watch_cancelled_ = false;              // guarded by watch_mu_
+};
+
+}  // namespace elastic::rendezvous

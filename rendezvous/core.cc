@@ -1,0 +1,430 @@
+#include "rendezvous/core.h"
+
+#include <future>
+
+namespace elastic::rendezvous {
+
+bool ValidSlotName(const std::string& slot, size_t max_bytes) {
+  if (slot.empty() || slot.size() > max_bytes) return false;
+  for (unsigned char c : slot) {
+    if (c <= 0x20 || c >= 0x7f) return false;
+  }
+  return true;
+}
+
+Core::Core(CoreOptions options)
+    : options_(std::move(options)), events_(options_.limits.max_watchers_per_slot) {
+  timer_ = std::thread([this] { TimerLoop(); });
+}
+
+Core::~Core() { Shutdown(); }
+
+void Core::Shutdown() {
+  std::vector<Completion> out;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (shutdown_) return;
+    shutdown_ = true;
+    std::vector<WaiterId> ids;
+    for (auto& [id, w] : joins_) ids.push_back(id);
+    for (WaiterId id : ids) CompleteJoin(id, Unavailable("the rendezvous server is shutting down"), &out);
+    ids.clear();
+    for (auto& [id, w] : gets_) ids.push_back(id);
+    for (WaiterId id : ids) CompleteGet(id, Unavailable("the rendezvous server is shutting down"), &out);
+    cv_.notify_all();
+  }
+  for (auto& c : out) c();
+  events_.Close();
+  if (timer_.joinable()) timer_.join();
+}
+
+int64_t Core::formed_round() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return formed_round_;
+}
+
+int64_t Core::proposed_round() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return proposed_.round;
+}
+
+size_t Core::stored_keys() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return store_.size();
+}
+
+size_t Core::pending_waiters() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return joins_.size() + gets_.size();
+}
+
+void Core::Wake() {
+  ++generation_;
+  cv_.notify_all();
+}
+
+Status Core::ProposeRound(int64_t round, std::map<std::string, Assignment> members,
+                          const std::vector<std::string>& removed) {
+  std::vector<Completion> out;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (shutdown_) return Unavailable("the rendezvous server is shutting down");
+    if (round <= latest_proposed_ || round <= formed_round_) {
+      return InvalidArgument("round " + std::to_string(round) + " is not newer than round " +
+                             std::to_string(std::max(latest_proposed_, formed_round_)));
+    }
+    for (auto& [slot, a] : members) {
+      a.round = round;
+      removed_.erase(slot);
+    }
+    for (const auto& slot : removed) {
+      if (members.count(slot) == 0) removed_.insert(slot);
+    }
+    latest_proposed_ = round;
+    proposed_.round = round;
+    proposed_.members = std::move(members);
+    proposed_.deadline = options_.clock->Now() + options_.rendezvous_timeout;
+    proposed_.timeout_reported = false;
+    // Removed slots that are waiting learn it now.
+    std::vector<WaiterId> gone;
+    for (auto& [id, w] : joins_) {
+      if (removed_.count(w.slot)) gone.push_back(id);
+    }
+    JoinResult r;
+    r.removed = true;
+    for (WaiterId id : gone) CompleteJoin(id, r, &out);
+    TryForm(&out);
+    Wake();
+  }
+  for (auto& c : out) c();
+  return Status::Ok();
+}
+
+void Core::TryForm(std::vector<Completion>* out) {
+  if (proposed_.round < 0) return;
+  for (const auto& [slot, a] : proposed_.members) {
+    auto it = join_by_slot_.find(slot);
+    if (it == join_by_slot_.end()) return;
+    if (joins_.at(it->second).last_round >= proposed_.round) return;
+  }
+  formed_round_ = proposed_.round;
+  formed_members_ = std::move(proposed_.members);
+  proposed_ = Proposal();
+  // The old round's scope ends: its keys go and its waiting Gets are told.
+  std::vector<WaiterId> stale;
+  for (auto& [id, w] : gets_) stale.push_back(id);
+  for (WaiterId id : stale) {
+    CompleteGet(id, Aborted("round " + std::to_string(gets_.at(id).round) +
+                            " was superseded by round " + std::to_string(formed_round_)),
+                out);
+  }
+  store_.clear();
+  key_waiters_.clear();
+  store_bytes_ = 0;
+  for (const auto& [slot, a] : formed_members_) {
+    JoinResult r;
+    r.assignment = a;
+    CompleteJoin(join_by_slot_.at(slot), r, out);
+  }
+  if (options_.listener) {
+    Listener* l = options_.listener;
+    int64_t round = formed_round_;
+    out->push_back([l, round] { l->OnRoundFormed(round); });
+  }
+}
+
+void Core::CompleteJoin(WaiterId id, StatusOr<JoinResult> result, std::vector<Completion>* out) {
+  auto it = joins_.find(id);
+  if (it == joins_.end()) return;
+  auto range = deadlines_.equal_range(it->second.deadline);
+  for (auto d = range.first; d != range.second; ++d) {
+    if (d->second == id) {
+      deadlines_.erase(d);
+      break;
+    }
+  }
+  auto by_slot = join_by_slot_.find(it->second.slot);
+  if (by_slot != join_by_slot_.end() && by_slot->second == id) join_by_slot_.erase(by_slot);
+  auto done = std::move(it->second.done);
+  joins_.erase(it);
+  out->push_back([done = std::move(done), result = std::move(result)]() mutable {
+    done(std::move(result));
+  });
+}
+
+void Core::CompleteGet(WaiterId id, StatusOr<Values> result, std::vector<Completion>* out) {
+  auto it = gets_.find(id);
+  if (it == gets_.end()) return;
+  auto range = deadlines_.equal_range(it->second.deadline);
+  for (auto d = range.first; d != range.second; ++d) {
+    if (d->second == id) {
+      deadlines_.erase(d);
+      break;
+    }
+  }
+  if (it->second.missing > 0) {
+    for (const auto& key : it->second.keys) {
+      auto kw = key_waiters_.find(key);
+      if (kw == key_waiters_.end()) continue;
+      auto& v = kw->second;
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (v[i] == id) {
+          v[i] = v.back();
+          v.pop_back();
+          break;
+        }
+      }
+      if (v.empty()) key_waiters_.erase(kw);
+    }
+  }
+  auto done = std::move(it->second.done);
+  gets_.erase(it);
+  out->push_back([done = std::move(done), result = std::move(result)]() mutable {
+    done(std::move(result));
+  });
+}
+
+WaiterId Core::JoinAsync(const std::string& slot, int64_t last_round, TimePoint deadline,
+                         JoinCallback done) {
+  std::vector<Completion> out;
+  WaiterId id = 0;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (shutdown_) {
+      out.push_back([done] { done(Unavailable("the rendezvous server is shutting down")); });
+    } else if (!ValidSlotName(slot, options_.limits.max_slot_bytes)) {
+      out.push_back([done] {
+        done(InvalidArgument("slot name is empty, too long or has spaces or control bytes"));
+      });
+    } else if (formed_round_ > last_round && formed_members_.count(slot)) {
+      JoinResult r;
+      r.assignment = formed_members_.at(slot);
+      out.push_back([done, r] { done(r); });
+    } else if (removed_.count(slot)) {
+      JoinResult r;
+      r.removed = true;
+      out.push_back([done, r] { done(r); });
+    } else if (joins_.size() + gets_.size() >= options_.limits.max_pending_waiters) {
+      out.push_back([done] { done(ResourceExhausted("too many waiting calls")); });
+    } else {
+      id = next_id_++;
+      auto prev = join_by_slot_.find(slot);
+      if (prev != join_by_slot_.end()) {
+        CompleteJoin(prev->second, Aborted("superseded by a newer Join from slot " + slot), &out);
+      }
+      joins_.emplace(id, JoinWaiter{slot, last_round, deadline, std::move(done)});
+      join_by_slot_[slot] = id;
+      deadlines_.emplace(deadline, id);
+      TryForm(&out);
+      Wake();
+    }
+  }
+  for (auto& c : out) c();
+  return id;
+}
+
+StatusOr<JoinResult> Core::Join(const std::string& slot, int64_t last_round, TimePoint deadline) {
+  auto promise = std::make_shared<std::promise<StatusOr<JoinResult>>>();
+  auto future = promise->get_future();
+  JoinAsync(slot, last_round, deadline,
+            [promise](StatusOr<JoinResult> r) { promise->set_value(std::move(r)); });
+  return future.get();
+}
+
+Status Core::CheckRound(int64_t round) const {
+  if (round == formed_round_ && formed_round_ >= 0) return Status::Ok();
+  if (round < formed_round_) {
+    return FailedPrecondition("round " + std::to_string(round) + " is stale: round " +
+                              std::to_string(formed_round_) + " is current");
+  }
+  return FailedPrecondition("round " + std::to_string(round) + " is not formed (current round " +
+                            std::to_string(formed_round_) + ")");
+}
+
+Status Core::Set(int64_t round, const std::string& key, std::string value) {
+  const Limits& lim = options_.limits;
+  if (key.empty() || key.size() > lim.max_key_bytes) {
+    return InvalidArgument("key must be 1.." + std::to_string(lim.max_key_bytes) + " bytes, got " +
+                           std::to_string(key.size()));
+  }
+  if (value.size() > lim.max_value_bytes) {
+    return InvalidArgument("value of key '" + key + "' is " + std::to_string(value.size()) +
+                           " bytes, over the limit of " + std::to_string(lim.max_value_bytes));
+  }
+  std::vector<Completion> out;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (shutdown_) return Unavailable("the rendezvous server is shutting down");
+    RETURN_IF_ERROR(CheckRound(round));
+    auto existing = store_.find(key);
+    size_t old_bytes = existing == store_.end() ? 0 : existing->second->size();
+    if (existing == store_.end() && store_.size() >= lim.max_round_keys) {
+      return ResourceExhausted("round " + std::to_string(round) + " already holds " +
+                               std::to_string(store_.size()) + " keys");
+    }
+    if (store_bytes_ - old_bytes + value.size() > lim.max_round_bytes) {
+      return ResourceExhausted("round " + std::to_string(round) + " store is full");
+    }
+    store_bytes_ = store_bytes_ - old_bytes + value.size();
+    auto shared = std::make_shared<const std::string>(std::move(value));
+    store_[key] = shared;
+    auto kw = key_waiters_.find(key);
+    if (kw != key_waiters_.end()) {
+      std::vector<WaiterId> waiters = std::move(kw->second);
+      key_waiters_.erase(kw);
+      for (WaiterId id : waiters) {
+        auto& w = gets_.at(id);
+        if (--w.missing > 0) continue;
+        Values values;
+        values.reserve(w.keys.size());
+        for (const auto& k : w.keys) values.push_back(store_.at(k));
+        CompleteGet(id, std::move(values), &out);
+      }
+    }
+  }
+  for (auto& c : out) c();
+  return Status::Ok();
+}
+
+WaiterId Core::GetAsync(int64_t round, std::vector<std::string> keys, TimePoint deadline,
+                        GetCallback done) {
+  const Limits& lim = options_.limits;
+  std::vector<Completion> out;
+  WaiterId id = 0;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    Status bad;
+    if (shutdown_) bad = Unavailable("the rendezvous server is shutting down");
+    if (bad.ok() && (keys.empty() || keys.size() > lim.max_keys_per_call)) {
+      bad = InvalidArgument("a Get takes 1.." + std::to_string(lim.max_keys_per_call) +
+                            " keys, got " + std::to_string(keys.size()));
+    }
+    for (size_t i = 0; bad.ok() && i < keys.size(); ++i) {
+      if (keys[i].empty() || keys[i].size() > lim.max_key_bytes) {
+        bad = InvalidArgument("key #" + std::to_string(i) + " must be 1.." +
+                              std::to_string(lim.max_key_bytes) + " bytes");
+      }
+    }
+    if (bad.ok()) bad = CheckRound(round);
+    if (bad.ok() && joins_.size() + gets_.size() >= lim.max_pending_waiters) {
+      bad = ResourceExhausted("too many waiting calls");
+    }
+    if (!bad.ok()) {
+      out.push_back([done, bad] { done(bad); });
+    } else {
+      size_t missing = 0;
+      size_t bytes = 0;
+      for (const auto& k : keys) {
+        auto it = store_.find(k);
+        if (it == store_.end()) {
+          ++missing;
+        } else {
+          bytes += it->second->size();
+        }
+      }
+      if (missing == 0) {
+        if (bytes > lim.max_get_response_bytes) {
+          Status s = ResourceExhausted("values total " + std::to_string(bytes) + " bytes");
+          out.push_back([done, s] { done(s); });
+        } else {
+          Values values;
+          values.reserve(keys.size());
+          for (const auto& k : keys) values.push_back(store_.at(k));
+          out.push_back([done, values = std::move(values)] { done(values); });
+        }
+      } else {
+        id = next_id_++;
+        std::set<std::string> seen;
+        for (const auto& k : keys) {
+          if (store_.count(k) == 0 && seen.insert(k).second) key_waiters_[k].push_back(id);
+        }
+        gets_.emplace(id, GetWaiter{round, std::move(keys), seen.size(), deadline, std::move(done)});
+        deadlines_.emplace(deadline, id);
+        Wake();
+      }
+    }
+  }
+  for (auto& c : out) c();
+  return id;
+}
+
+StatusOr<Values> Core::Get(int64_t round, std::vector<std::string> keys, TimePoint deadline) {
+  auto promise = std::make_shared<std::promise<StatusOr<Values>>>();
+  auto future = promise->get_future();
+  GetAsync(round, std::move(keys), deadline,
+           [promise](StatusOr<Values> r) { promise->set_value(std::move(r)); });
+  return future.get();
+}
+
+void Core::Cancel(WaiterId id) {
+  std::vector<Completion> out;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (joins_.count(id)) CompleteJoin(id, Cancelled("the call was cancelled"), &out);
+    if (gets_.count(id)) CompleteGet(id, Cancelled("the call was cancelled"), &out);
+  }
+  for (auto& c : out) c();
+}
+
+Status Core::HandleReport(const Report& report) {
+  if (!ValidSlotName(report.slot, options_.limits.max_slot_bytes)) {
+    return InvalidArgument("report has an invalid slot name");
+  }
+  if (report.message.size() > options_.limits.max_message_bytes) {
+    return InvalidArgument("report message is over " +
+                           std::to_string(options_.limits.max_message_bytes) + " bytes");
+  }
+  if (options_.listener) options_.listener->OnReport(report);
+  return Status::Ok();
+}
+
+void Core::ExpireDue(std::vector<Completion>* out, std::vector<std::string>* missing,
+                     int64_t* timed_out_round) {
+  TimePoint now = options_.clock->Now();
+  while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+    WaiterId id = deadlines_.begin()->second;
+    if (joins_.count(id)) {
+      CompleteJoin(id, DeadlineExceeded("no round including slot " + joins_.at(id).slot +
+                                        " was formed before the deadline"),
+                   out);
+    } else if (gets_.count(id)) {
+      CompleteGet(id, DeadlineExceeded("keys did not all appear before the deadline"), out);
+    } else {
+      deadlines_.erase(deadlines_.begin());
+    }
+  }
+  if (proposed_.round >= 0 && !proposed_.timeout_reported && proposed_.deadline <= now) {
+    proposed_.timeout_reported = true;
+    *timed_out_round = proposed_.round;
+    for (const auto& [slot, a] : proposed_.members) {
+      auto it = join_by_slot_.find(slot);
+      if (it == join_by_slot_.end() || joins_.at(it->second).last_round >= proposed_.round) {
+        missing->push_back(slot);
+      }
+    }
+  }
+}
+
+void Core::TimerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!shutdown_) {
+    // Bounded so that no wait is computed from TimePoint::max().
+    TimePoint next = options_.clock->Now() + std::chrono::hours(1);
+    if (!deadlines_.empty()) next = std::min(next, deadlines_.begin()->first);
+    if (proposed_.round >= 0 && !proposed_.timeout_reported) next = std::min(next, proposed_.deadline);
+    uint64_t gen = generation_;
+    options_.clock->WaitUntil(lock, cv_, next, [&] { return shutdown_ || generation_ != gen; });
+    if (shutdown_) break;
+    std::vector<Completion> out;
+    std::vector<std::string> missing;
+    int64_t timed_out = -1;
+    ExpireDue(&out, &missing, &timed_out);
+    if (out.empty() && timed_out < 0) continue;
+    lock.unlock();
+    for (auto& c : out) c();
+    if (timed_out >= 0 && options_.listener) options_.listener->OnJoinTimeout(timed_out, missing);
+    lock.lock();
+  }
+}
+
+}  // namespace elastic::rendezvous

@@ -1,0 +1,159 @@
+// The rendezvous core: rounds, the per-round key-value store and event fan-out. No gRPC here;
+// the gRPC service (service.h) is a thin adapter over it, and tests drive it directly.
+//
+// Rounds. The driver proposes round r (members with their assignments, and slots that are
+// removed). A Join(slot, last_round) completes when a formed round newer than last_round
+// includes the slot, with REMOVED if the slot was removed, or with DEADLINE_EXCEEDED at its
+// deadline. A proposed round is formed once every member has an outstanding Join; members
+// still missing after the rendezvous timeout are reported through Listener::OnJoinTimeout,
+// and the driver re-plans by proposing a newer round.
+//
+// Store. Keys live in the scope of the formed round; Set and Get for any other round fail
+// with FAILED_PRECONDITION. When a newer round forms, the old round's keys are dropped and
+// its waiting Gets end with ABORTED.
+//
+// Every waiter (Join or Get) completes exactly once, through its callback, from some thread
+// other than the caller's or from within the call itself; never with the core's lock held.
+// All methods are thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "rendezvous/event_hub.h"
+#include "rendezvous/types.h"
+
+namespace elastic::rendezvous {
+
+// Driver-side callbacks. Called without the core's lock held, from the core's timer thread or
+// from a caller's thread; implementations must be thread-safe and must not block for long.
+class Listener {
+ public:
+  virtual ~Listener() = default;
+  virtual void OnRoundFormed(int64_t /*round*/) {}
+  virtual void OnJoinTimeout(int64_t /*round*/, const std::vector<std::string>& /*missing*/) {}
+  virtual void OnReport(const Report& /*report*/) {}
+  virtual void OnWatchOpened(const std::string& /*slot*/) {}
+  virtual void OnWatchClosed(const std::string& /*slot*/) {}
+};
+
+struct CoreOptions {
+  Clock* clock = RealClock();
+  Duration rendezvous_timeout = std::chrono::seconds(30);
+  Limits limits;
+  Listener* listener = nullptr;  // not owned; may be null
+};
+
+using WaiterId = uint64_t;
+using JoinCallback = std::function<void(StatusOr<JoinResult>)>;
+using Values = std::vector<std::shared_ptr<const std::string>>;
+using GetCallback = std::function<void(StatusOr<Values>)>;
+
+class Core {
+ public:
+  explicit Core(CoreOptions options);
+  ~Core();  // calls Shutdown()
+  Core(const Core&) = delete;
+  Core& operator=(const Core&) = delete;
+
+  // --- driver side ---
+  // Proposes `round` (must be newer than every earlier proposal: else INVALID_ARGUMENT).
+  // Replaces a pending proposal. Slots in `removed` get REMOVED on their Joins until a later
+  // proposal includes them again.
+  Status ProposeRound(int64_t round, std::map<std::string, Assignment> members,
+                      const std::vector<std::string>& removed);
+  int64_t formed_round() const;
+  int64_t proposed_round() const;  // -1 when none is pending
+  EventHub& events() { return events_; }
+
+  // --- worker side ---
+  WaiterId JoinAsync(const std::string& slot, int64_t last_round, TimePoint deadline,
+                     JoinCallback done);
+  StatusOr<JoinResult> Join(const std::string& slot, int64_t last_round, TimePoint deadline);
+  Status Set(int64_t round, const std::string& key, std::string value);
+  WaiterId GetAsync(int64_t round, std::vector<std::string> keys, TimePoint deadline,
+                    GetCallback done);
+  StatusOr<Values> Get(int64_t round, std::vector<std::string> keys, TimePoint deadline);
+  // Ends a waiting Join or Get with CANCELLED; a no-op when it has completed already.
+  void Cancel(WaiterId id);
+  // Validates and forwards a report to the listener.
+  Status HandleReport(const Report& report);
+
+  // Ends every waiter with UNAVAILABLE, sends SHUTDOWN to every watcher and stops the timer.
+  // Later calls fail with UNAVAILABLE. Idempotent.
+  void Shutdown();
+
+  const CoreOptions& options() const { return options_; }
+  Clock* clock() const { return options_.clock; }
+  // Number of keys currently stored (all rounds). For tests and the benchmark.
+  size_t stored_keys() const;
+  // Number of Joins and Gets waiting. For tests.
+  size_t pending_waiters() const;
+
+ private:
+  struct JoinWaiter {
+    std::string slot;
+    int64_t last_round;
+    TimePoint deadline;
+    JoinCallback done;
+  };
+  struct GetWaiter {
+    int64_t round;
+    std::vector<std::string> keys;
+    size_t missing;
+    TimePoint deadline;
+    GetCallback done;
+  };
+  struct Proposal {
+    int64_t round = -1;
+    std::map<std::string, Assignment> members;
+    TimePoint deadline;
+    bool timeout_reported = false;
+  };
+  using Completion = std::function<void()>;
+
+  void TimerLoop();
+  // The helpers below run with mu_ held and append callbacks to run after it is released.
+  void TryForm(std::vector<Completion>* out);
+  void CompleteJoin(WaiterId id, StatusOr<JoinResult> result, std::vector<Completion>* out);
+  void CompleteGet(WaiterId id, StatusOr<Values> result, std::vector<Completion>* out);
+  void ExpireDue(std::vector<Completion>* out, std::vector<std::string>* missing,
+                 int64_t* timed_out_round);
+  Status CheckRound(int64_t round) const;
+  void Wake();
+
+  CoreOptions options_;
+  EventHub events_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // wakes the timer thread
+  bool shutdown_ = false;       // guarded by mu_
+  uint64_t generation_ = 0;     // guarded by mu_; bumped when deadlines change
+  WaiterId next_id_ = 1;        // guarded by mu_
+  std::map<WaiterId, JoinWaiter> joins_;                 // guarded by mu_
+  std::unordered_map<std::string, WaiterId> join_by_slot_;  // guarded by mu_
+  std::map<WaiterId, GetWaiter> gets_;                   // guarded by mu_
+  std::multimap<TimePoint, WaiterId> deadlines_;         // guarded by mu_
+  Proposal proposed_;                                    // guarded by mu_ (round -1: none)
+  int64_t latest_proposed_ = -1;                         // guarded by mu_
+  int64_t formed_round_ = -1;                            // guarded by mu_
+  std::map<std::string, Assignment> formed_members_;     // guarded by mu_
+  std::set<std::string> removed_;                        // guarded by mu_
+  // The formed round's store, and who waits on which key.
+  std::unordered_map<std::string, std::shared_ptr<const std::string>> store_;  // guarded by mu_
+  size_t store_bytes_ = 0;                                                      // guarded by mu_
+  std::unordered_map<std::string, std::vector<WaiterId>> key_waiters_;         // guarded by mu_
+  std::thread timer_;
+};
+
+}  // namespace elastic::rendezvous

@@ -1,0 +1,73 @@
+#include "rendezvous/event_hub.h"
+
+#include <vector>
+
+namespace elastic::rendezvous {
+
+StatusOr<uint64_t> EventHub::Subscribe(const std::string& slot, Handler handler) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (closed_) return Unavailable("the job is shutting down");
+  size_t& count = per_slot_[slot];
+  if (count >= max_per_slot_) {
+    return ResourceExhausted("slot '" + slot + "' already has " + std::to_string(count) +
+                             " watchers");
+  }
+  ++count;
+  uint64_t id = next_id_++;
+  auto it = last_event_.find(slot);
+  if (it != last_event_.end()) handler(it->second);
+  subs_.emplace(id, Sub{slot, std::move(handler)});
+  return id;
+}
+
+void EventHub::Unsubscribe(uint64_t id) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = subs_.find(id);
+  if (it == subs_.end()) return;
+  auto count = per_slot_.find(it->second.slot);
+  if (count != per_slot_.end() && --count->second == 0) per_slot_.erase(count);
+  subs_.erase(it);
+}
+
+void EventHub::Publish(const std::string& slot, const Event& event) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (closed_) return;
+  last_event_[slot] = event;
+  for (auto& [id, sub] : subs_) {
+    if (sub.slot == slot) sub.handler(event);
+  }
+}
+
+void EventHub::PublishAll(const Event& event) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (closed_) return;
+  for (auto& [id, sub] : subs_) {
+    last_event_[sub.slot] = event;
+    sub.handler(event);
+  }
+}
+
+void EventHub::Clear(const std::string& slot) {
+  std::lock_guard<std::mutex> g(mu_);
+  last_event_.erase(slot);
+}
+
+void EventHub::Close() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (closed_) return;
+  closed_ = true;
+  Event shutdown{EventKind::kShutdown, -1, "the job is shutting down"};
+  for (auto& [id, sub] : subs_) sub.handler(shutdown);
+}
+
+size_t EventHub::watcher_count() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return subs_.size();
+}
+
+bool EventHub::watched(const std::string& slot) const {
+  std::lock_guard<std::mutex> g(mu_);
+  return per_slot_.count(slot) > 0;
+}
+
+}  // namespace elastic::rendezvous

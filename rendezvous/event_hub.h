@@ -1,0 +1,53 @@
+// EventHub: fan-out of driver events to the Watch streams of workers, per slot.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "common/status.h"
+#include "rendezvous/types.h"
+
+namespace elastic::rendezvous {
+
+class EventHub {
+ public:
+  using Handler = std::function<void(const Event&)>;
+  explicit EventHub(size_t max_watchers_per_slot) : max_per_slot_(max_watchers_per_slot) {}
+
+  // Registers `handler` for events of `slot`. The last event sent to the slot (if any) is
+  // replayed to it at once, so a watcher that connects late still learns of a pending fence.
+  // Returns a subscription id, or RESOURCE_EXHAUSTED when the slot has too many watchers,
+  // or UNAVAILABLE after Close(). Handlers run with the hub's lock held: they must be quick
+  // and must not call back into the hub.
+  StatusOr<uint64_t> Subscribe(const std::string& slot, Handler handler);
+  // After Unsubscribe returns, the handler is not running and will not run again.
+  void Unsubscribe(uint64_t id);
+  void Publish(const std::string& slot, const Event& event);
+  void PublishAll(const Event& event);
+  // Forgets the sticky last event of a slot (when it starts a new round).
+  void Clear(const std::string& slot);
+  // Sends SHUTDOWN to everyone and refuses new subscriptions.
+  void Close();
+  size_t watcher_count() const;
+  bool watched(const std::string& slot) const;
+
+ private:
+  struct Sub {
+    std::string slot;
+    Handler handler;
+  };
+  const size_t max_per_slot_;
+  mutable std::mutex mu_;
+  bool closed_ = false;                                  // guarded by mu_
+  uint64_t next_id_ = 1;                                 // guarded by mu_
+  std::map<uint64_t, Sub> subs_;                         // guarded by mu_
+  std::unordered_map<std::string, size_t> per_slot_;     // guarded by mu_
+  std::unordered_map<std::string, Event> last_event_;    // guarded by mu_
+};
+
+}  // namespace elastic::rendezvous

@@ -1,0 +1,51 @@
+// The gRPC Rendezvous service over a Core, on gRPC's callback API: no thread is parked per
+// waiting Join, Get or Watch. Each handler authenticates (x-elastic-token, constant time),
+// validates, converts the proto to plain structs, calls the Core, and converts back.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "rendezvous/core.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace elastic::rendezvous {
+
+struct ServerOptions {
+  std::string address = "0.0.0.0:0";  // host:port; port 0 picks a free one
+  std::string token;                  // required on every call; must not be empty
+  // Longest server-side wait of a Join or Get whose call has no deadline.
+  Duration max_wait = std::chrono::hours(24);
+};
+
+class RendezvousService;
+
+class Server {
+ public:
+  // Starts serving `core` (not owned; must outlive the Server). Returns UNAVAILABLE when the
+  // address cannot be bound, INVALID_ARGUMENT for an empty token.
+  static StatusOr<std::unique_ptr<Server>> Start(Core* core, ServerOptions options);
+  ~Server();  // Shutdown()
+
+  int port() const { return port_; }
+  // Shuts the core down (every waiting call ends with UNAVAILABLE, watchers get SHUTDOWN),
+  // then stops the server, cancelling what is still open after `grace`. Idempotent.
+  void Shutdown(Duration grace = std::chrono::seconds(2));
+
+ private:
+  Server() = default;
+  Core* core_ = nullptr;
+  int port_ = 0;
+  std::unique_ptr<RendezvousService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  bool shut_down_ = false;
+};
+
+// Compares two strings in time that depends only on their lengths.
+bool ConstantTimeEquals(const std::string& a, const std::string& b);
+
+}  // namespace elastic::rendezvous

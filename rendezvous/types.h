@@ -1,0 +1,65 @@
+// Plain structs shared by the rendezvous core, its gRPC adapter and the driver.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace elastic::rendezvous {
+
+// Bounds on everything that comes from the wire (DESIGN §3).
+struct Limits {
+  size_t max_slot_bytes = 256;
+  size_t max_key_bytes = 512;
+  size_t max_value_bytes = 16u << 20;
+  size_t max_keys_per_call = 64u << 10;
+  size_t max_get_response_bytes = 256u << 20;
+  size_t max_round_bytes = 1u << 30;  // all values of one round together
+  size_t max_round_keys = 1u << 20;
+  size_t max_message_bytes = 4096;    // Report messages
+  size_t max_watchers_per_slot = 8;
+  size_t max_pending_waiters = 1u << 16;
+};
+
+struct Assignment {
+  int64_t round = -1;
+  int rank = -1;
+  int size = 0;
+  int local_rank = -1;
+  int local_size = 0;
+  int cross_rank = -1;
+  int cross_size = 0;
+  bool sync_required = false;
+};
+
+struct JoinResult {
+  bool removed = false;  // the slot was scaled away; `assignment` is unset
+  Assignment assignment;
+};
+
+enum class EventKind { kMembershipChanging = 1, kAbort = 2, kShutdown = 3 };
+
+struct Event {
+  EventKind kind = EventKind::kMembershipChanging;
+  int64_t round = -1;  // the round being fenced
+  std::string message;
+};
+
+enum class ReportKind { kCommitted = 1, kLeaving = 2, kFailed = 3, kFinished = 4 };
+
+struct Report {
+  std::string slot;
+  ReportKind kind = ReportKind::kCommitted;
+  int64_t round = -1;
+  int64_t step = 0;
+  int64_t epoch = 0;
+  int64_t cursor = 0;
+  std::string message;
+};
+
+// Validates a slot name: non-empty, at most `max_bytes`, printable ASCII without spaces.
+bool ValidSlotName(const std::string& slot, size_t max_bytes);
+
+}  // namespace elastic::rendezvous

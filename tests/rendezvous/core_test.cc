@@ -1,0 +1,327 @@
+#include <catch2/catch.hpp>
+#include <future>
+#include <thread>
+
+#include "rendezvous/rendezvous.h"
+
+namespace elastic::rendezvous {
+namespace {
+
+using std::chrono::seconds;
+
+// Records what the core tells the driver.
+class RecordingListener : public Listener {
+ public:
+  void OnRoundFormed(int64_t round) override {
+    std::lock_guard<std::mutex> g(mu);
+    formed.push_back(round);
+    cv.notify_all();
+  }
+  void OnJoinTimeout(int64_t round, const std::vector<std::string>& m) override {
+    std::lock_guard<std::mutex> g(mu);
+    timeout_round = round;
+    missing = m;
+    cv.notify_all();
+  }
+  void OnReport(const Report& r) override {
+    std::lock_guard<std::mutex> g(mu);
+    reports.push_back(r);
+  }
+  bool WaitTimeout() {
+    std::unique_lock<std::mutex> l(mu);
+    return cv.wait_for(l, seconds(10), [&] { return timeout_round >= 0; });
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int64_t> formed;
+  int64_t timeout_round = -1;
+  std::vector<std::string> missing;
+  std::vector<Report> reports;
+};
+
+std::map<std::string, Assignment> Members(const std::vector<std::string>& slots) {
+  std::map<std::string, Assignment> m;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    Assignment a;
+    a.rank = static_cast<int>(i);
+    a.size = static_cast<int>(slots.size());
+    m[slots[i]] = a;
+  }
+  return m;
+}
+
+TimePoint Far(Core& core) { return core.clock()->Now() + seconds(30); }
+
+// Forms `round` with `slots` (every slot joining from a thread) and returns the assignments.
+std::vector<JoinResult> FormRound(Core& core, int64_t round, const std::vector<std::string>& slots,
+                                  int64_t last_round) {
+  std::vector<std::future<StatusOr<JoinResult>>> joins;
+  for (const auto& s : slots) {
+    joins.push_back(std::async(std::launch::async, [&core, s, last_round] {
+      return core.Join(s, last_round, Far(core));
+    }));
+  }
+  REQUIRE(core.ProposeRound(round, Members(slots), {}).ok());
+  std::vector<JoinResult> out;
+  for (auto& f : joins) {
+    auto r = f.get();
+    REQUIRE(r.ok());
+    out.push_back(*r);
+  }
+  return out;
+}
+
+TEST_CASE("Join waits until every member of the proposed round has joined", "[unit]") {
+  RecordingListener listener;
+  CoreOptions opts;
+  opts.listener = &listener;
+  Core core(opts);
+  REQUIRE(core.ProposeRound(0, Members({"h:0", "h:1"}), {}).ok());
+  auto first = std::async(std::launch::async, [&] { return core.Join("h:0", -1, Far(core)); });
+  CHECK(first.wait_for(std::chrono::milliseconds(50)) == std::future_status::timeout);
+  CHECK(core.formed_round() == -1);
+  auto second = core.Join("h:1", -1, Far(core));
+  REQUIRE(second.ok());
+  auto a0 = first.get();
+  REQUIRE(a0.ok());
+  CHECK(a0->assignment.round == 0);
+  CHECK(a0->assignment.rank == 0);
+  CHECK(second->assignment.rank == 1);
+  CHECK(second->assignment.size == 2);
+  CHECK(core.formed_round() == 0);
+  std::lock_guard<std::mutex> g(listener.mu);
+  CHECK(listener.formed == std::vector<int64_t>{0});
+}
+
+TEST_CASE("round transitions: a newer round re-forms and a stale proposal is refused", "[unit]") {
+  Core core(CoreOptions{});
+  FormRound(core, 0, {"a:0", "a:1", "b:0"}, -1);
+  CHECK(core.ProposeRound(0, Members({"a:0"}), {}).code() == Code::kInvalidArgument);
+  auto r1 = FormRound(core, 1, {"a:0", "b:0"}, 0);
+  CHECK(r1[1].assignment.round == 1);
+  CHECK(r1[1].assignment.size == 2);
+  CHECK(core.formed_round() == 1);
+  // A Join that asks for a round it already has returns that round at once.
+  auto again = core.Join("b:0", 0, Far(core));
+  REQUIRE(again.ok());
+  CHECK(again->assignment.round == 1);
+}
+
+TEST_CASE("a removed slot gets REMOVED, waiting or not", "[unit]") {
+  Core core(CoreOptions{});
+  FormRound(core, 0, {"a:0", "a:1"}, -1);
+  auto waiting = std::async(std::launch::async, [&] { return core.Join("a:1", 0, Far(core)); });
+  auto keeper = std::async(std::launch::async, [&] { return core.Join("a:0", 0, Far(core)); });
+  REQUIRE(core.ProposeRound(1, Members({"a:0"}), {"a:1"}).ok());
+  auto removed = waiting.get();
+  REQUIRE(removed.ok());
+  CHECK(removed->removed);
+  REQUIRE(keeper.get().ok());
+  auto later = core.Join("a:1", 0, Far(core));
+  REQUIRE(later.ok());
+  CHECK(later->removed);
+}
+
+TEST_CASE("Join ends at its deadline, and missing members are reported", "[unit]") {
+  FakeClock clock;
+  RecordingListener listener;
+  CoreOptions opts;
+  opts.clock = &clock;
+  opts.listener = &listener;
+  opts.rendezvous_timeout = seconds(10);
+  Core core(opts);
+  REQUIRE(core.ProposeRound(0, Members({"a:0", "b:0"}), {}).ok());
+  TimePoint join_deadline = clock.Now() + seconds(20);
+  auto join = std::async(std::launch::async,
+                         [&] { return core.Join("a:0", -1, join_deadline); });
+  clock.Advance(seconds(11));
+  REQUIRE(listener.WaitTimeout());
+  {
+    std::lock_guard<std::mutex> g(listener.mu);
+    CHECK(listener.timeout_round == 0);
+    CHECK(listener.missing == std::vector<std::string>{"b:0"});
+  }
+  // The driver re-plans without the missing slot; the waiting member is answered.
+  REQUIRE(core.ProposeRound(1, Members({"a:0"}), {}).ok());
+  auto r = join.get();
+  REQUIRE(r.ok());
+  CHECK(r->assignment.round == 1);
+  CHECK(r->assignment.size == 1);
+
+  TimePoint late_deadline = clock.Now() + seconds(5);
+  auto late = std::async(std::launch::async,
+                         [&] { return core.Join("z:0", 1, late_deadline); });
+  clock.Advance(seconds(6));
+  auto lr = late.get();
+  CHECK(lr.status().code() == Code::kDeadlineExceeded);
+}
+
+TEST_CASE("store: set, multi-key wait, timeout, scope drop", "[unit]") {
+  FakeClock clock;
+  CoreOptions opts;
+  opts.clock = &clock;
+  Core core(opts);
+  FormRound(core, 0, {"a:0", "a:1"}, -1);
+
+  SECTION("get of existing keys returns at once, in order") {
+    REQUIRE(core.Set(0, "k1", "v1").ok());
+    REQUIRE(core.Set(0, "k2", "v2").ok());
+    auto v = core.Get(0, {"k2", "k1"}, clock.Now());
+    REQUIRE(v.ok());
+    CHECK(*(*v)[0] == "v2");
+    CHECK(*(*v)[1] == "v1");
+  }
+  SECTION("a multi-key get waits for the last key") {
+    TimePoint deadline = clock.Now() + seconds(10);
+    auto get = std::async(std::launch::async,
+                          [&] { return core.Get(0, {"x", "y", "x"}, deadline); });
+    REQUIRE(core.Set(0, "x", "1").ok());
+    CHECK(get.wait_for(std::chrono::milliseconds(30)) == std::future_status::timeout);
+    REQUIRE(core.Set(0, "y", "2").ok());
+    auto v = get.get();
+    REQUIRE(v.ok());
+    REQUIRE(v->size() == 3);
+    CHECK(*(*v)[2] == "1");
+  }
+  SECTION("a get times out when a key never comes") {
+    TimePoint deadline = clock.Now() + seconds(3);
+    auto get = std::async(std::launch::async,
+                          [&] { return core.Get(0, {"never"}, deadline); });
+    clock.Advance(seconds(4));
+    CHECK(get.get().status().code() == Code::kDeadlineExceeded);
+  }
+  SECTION("limits on key, value and key count") {
+    CHECK(core.Set(0, std::string(513, 'k'), "v").code() == Code::kInvalidArgument);
+    CHECK(core.Set(0, "", "v").code() == Code::kInvalidArgument);
+    CHECK(core.Set(0, "big", std::string((16u << 20) + 1, 'v')).code() == Code::kInvalidArgument);
+    CHECK(core.Set(0, "max", std::string(16u << 20, 'v')).ok());
+    std::vector<std::string> many((64u << 10) + 1, "k");
+    CHECK(core.Get(0, many, clock.Now()).status().code() == Code::kInvalidArgument);
+    CHECK(core.Get(0, {}, clock.Now()).status().code() == Code::kInvalidArgument);
+  }
+  SECTION("unknown and stale rounds are refused; a new round drops the old keys") {
+    CHECK(core.Set(1, "k", "v").code() == Code::kFailedPrecondition);
+    REQUIRE(core.Set(0, "k", "v").ok());
+    TimePoint deadline = clock.Now() + seconds(30);
+    auto waiting = std::async(std::launch::async, [&] { return core.Get(0, {"never"}, deadline); });
+    CHECK(core.stored_keys() == 1);
+    FormRound(core, 1, {"a:0"}, 0);
+    CHECK(waiting.get().status().code() == Code::kAborted);
+    CHECK(core.stored_keys() == 0);
+    CHECK(core.Set(0, "k", "v").code() == Code::kFailedPrecondition);
+    CHECK(core.Get(0, {"k"}, clock.Now()).status().code() == Code::kFailedPrecondition);
+  }
+}
+
+TEST_CASE("a cancelled waiter completes once with CANCELLED", "[unit]") {
+  Core core(CoreOptions{});
+  FormRound(core, 0, {"a:0"}, -1);
+  std::promise<StatusOr<Values>> p;
+  int calls = 0;
+  WaiterId id = core.GetAsync(0, {"never"}, Far(core), [&](StatusOr<Values> v) {
+    ++calls;
+    p.set_value(std::move(v));
+  });
+  REQUIRE(id != 0);
+  core.Cancel(id);
+  core.Cancel(id);
+  CHECK(p.get_future().get().status().code() == Code::kCancelled);
+  CHECK(calls == 1);
+}
+
+TEST_CASE("shutdown ends every waiter with UNAVAILABLE", "[unit]") {
+  Core core(CoreOptions{});
+  FormRound(core, 0, {"a:0"}, -1);
+  auto get = std::async(std::launch::async, [&] { return core.Get(0, {"never"}, Far(core)); });
+  auto join = std::async(std::launch::async, [&] { return core.Join("b:0", 0, Far(core)); });
+  // Whether or not the calls are parked yet, each must end with UNAVAILABLE.
+  core.Shutdown();
+  CHECK(get.get().status().code() == Code::kUnavailable);
+  CHECK(join.get().status().code() == Code::kUnavailable);
+  CHECK(core.Set(0, "k", "v").code() == Code::kUnavailable);
+}
+
+TEST_CASE("events fan out to every watcher of a slot, and late watchers see the last one",
+          "[unit]") {
+  EventHub hub(8);
+  std::mutex mu;
+  std::map<std::string, std::vector<EventKind>> seen;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 3; ++i) {
+    for (std::string slot : {"a:0", "a:1"}) {
+      auto id = hub.Subscribe(slot, [&, slot](const Event& e) {
+        std::lock_guard<std::mutex> g(mu);
+        seen[slot].push_back(e.kind);
+      });
+      REQUIRE(id.ok());
+      ids.push_back(*id);
+    }
+  }
+  hub.Publish("a:0", Event{EventKind::kAbort, 3, "peer lost"});
+  hub.PublishAll(Event{EventKind::kMembershipChanging, 3, ""});
+  CHECK(seen["a:0"].size() == 6);
+  CHECK(seen["a:1"].size() == 3);
+  std::vector<EventKind> late;
+  auto id = hub.Subscribe("a:1", [&](const Event& e) { late.push_back(e.kind); });
+  REQUIRE(id.ok());
+  CHECK(late == std::vector<EventKind>{EventKind::kMembershipChanging});
+  hub.Unsubscribe(*id);
+  hub.Close();
+  CHECK(seen["a:1"].back() == EventKind::kShutdown);
+  CHECK(hub.Subscribe("a:0", [](const Event&) {}).status().code() == Code::kUnavailable);
+}
+
+TEST_CASE("a slot's watchers are bounded", "[unit]") {
+  EventHub hub(2);
+  REQUIRE(hub.Subscribe("a:0", [](const Event&) {}).ok());
+  REQUIRE(hub.Subscribe("a:0", [](const Event&) {}).ok());
+  CHECK(hub.Subscribe("a:0", [](const Event&) {}).status().code() == Code::kResourceExhausted);
+}
+
+TEST_CASE("many clients as threads form a round and exchange keys", "[unit]") {
+  const int n = GENERATE(1, 16, 128);
+  Core core(CoreOptions{});
+  std::vector<std::string> slots;
+  for (int i = 0; i < n; ++i) slots.push_back("h" + std::to_string(i / 8) + ":" + std::to_string(i % 8));
+  std::vector<std::string> keys;
+  for (int i = 0; i < n; ++i) keys.push_back(std::to_string(i));
+  REQUIRE(core.ProposeRound(0, Members(slots), {}).ok());
+  std::vector<std::future<bool>> workers;
+  for (int i = 0; i < n; ++i) {
+    workers.push_back(std::async(std::launch::async, [&, i] {
+      auto a = core.Join(slots[i], -1, Far(core));
+      if (!a.ok() || a->assignment.rank != i) return false;
+      if (!core.Set(0, std::to_string(i), "addr-of-" + std::to_string(i)).ok()) return false;
+      auto v = core.Get(0, keys, Far(core));
+      if (!v.ok()) return false;
+      for (int j = 0; j < n; ++j) {
+        if (*(*v)[j] != "addr-of-" + std::to_string(j)) return false;
+      }
+      return true;
+    }));
+  }
+  for (auto& w : workers) CHECK(w.get());
+}
+
+TEST_CASE("reports are validated and forwarded", "[unit]") {
+  RecordingListener listener;
+  CoreOptions opts;
+  opts.listener = &listener;
+  Core core(opts);
+  Report r;
+  r.slot = "a:0";
+  r.kind = ReportKind::kCommitted;
+  r.step = 7;
+  REQUIRE(core.HandleReport(r).ok());
+  r.slot = "bad slot";
+  CHECK(core.HandleReport(r).code() == Code::kInvalidArgument);
+  r.slot = "a:0";
+  r.message = std::string(5000, 'x');
+  CHECK(core.HandleReport(r).code() == Code::kInvalidArgument);
+  std::lock_guard<std::mutex> g(listener.mu);
+  REQUIRE(listener.reports.size() == 1);
+  CHECK(listener.reports[0].step == 7);
+}
+
+}  // namespace
+}  // namespace elastic::rendezvous

@@ -1,0 +1,240 @@
+// The rendezvous service over real gRPC on loopback.
+#include <grpcpp/grpcpp.h>
+
+#include <catch2/catch.hpp>
+#include <future>
+#include <thread>
+
+#include "proto/elastic.grpc.pb.h"
+#include "rendezvous/rendezvous.h"
+
+namespace elastic::rendezvous {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+class WatchListener : public Listener {
+ public:
+  void OnWatchOpened(const std::string& slot) override {
+    std::lock_guard<std::mutex> g(mu);
+    opened.push_back(slot);
+    cv.notify_all();
+  }
+  void OnWatchClosed(const std::string& slot) override {
+    std::lock_guard<std::mutex> g(mu);
+    closed.push_back(slot);
+    cv.notify_all();
+  }
+  bool WaitClosed(size_t n) {
+    std::unique_lock<std::mutex> l(mu);
+    return cv.wait_for(l, seconds(10), [&] { return closed.size() >= n; });
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> opened, closed;
+};
+
+struct Fixture {
+  explicit Fixture(Listener* listener = nullptr) {
+    CoreOptions co;
+    co.listener = listener;
+    core = std::make_unique<Core>(co);
+    ServerOptions so;
+    so.address = "127.0.0.1:0";
+    so.token = "secret-token";
+    auto s = Server::Start(core.get(), so);
+    REQUIRE(s.ok());
+    server = std::move(s).value();
+    address = "127.0.0.1:" + std::to_string(server->port());
+  }
+  Client MakeClient(const std::string& token = "secret-token") {
+    ClientOptions o;
+    o.address = address;
+    o.token = token;
+    o.call_timeout = seconds(5);
+    return Client(o);
+  }
+  void Form(int64_t round, const std::vector<std::string>& slots, int64_t last) {
+    std::map<std::string, Assignment> m;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      m[slots[i]].rank = static_cast<int>(i);
+      m[slots[i]].size = static_cast<int>(slots.size());
+    }
+    REQUIRE(core->ProposeRound(round, m, {}).ok());
+    std::vector<std::future<StatusOr<JoinResult>>> joins;
+    for (const auto& s : slots) {
+      joins.push_back(std::async(std::launch::async, [this, s, last] {
+        return MakeClient().Join(s, last, seconds(10));
+      }));
+    }
+    for (auto& j : joins) REQUIRE(j.get().ok());
+  }
+  std::unique_ptr<Core> core;
+  std::unique_ptr<Server> server;
+  std::string address;
+};
+
+TEST_CASE("grpc: join, set and get over the wire", "[integration]") {
+  Fixture f;
+  REQUIRE(f.core->ProposeRound(0, {{"a:0", Assignment{-1, 0, 2, 0, 2, 0, 1, false}},
+                                   {"a:1", Assignment{-1, 1, 2, 1, 2, 0, 1, true}}},
+                               {})
+              .ok());
+  auto other = std::async(std::launch::async, [&] {
+    Client c = f.MakeClient();
+    auto r = c.Join("a:1", -1, seconds(10));
+    REQUIRE(r.ok());
+    REQUIRE(c.Set(0, "1", "addr1").ok());
+    return c.Get(0, {"0", "1"}, seconds(10));
+  });
+  Client c = f.MakeClient();
+  auto r = c.Join("a:0", -1, seconds(10));
+  REQUIRE(r.ok());
+  CHECK(r->assignment.round == 0);
+  CHECK(r->assignment.rank == 0);
+  CHECK(r->assignment.local_size == 2);
+  REQUIRE(c.Set(0, "0", std::string("addr\0zero", 9)).ok());
+  auto mine = c.Get(0, {"1", "0"}, seconds(10));
+  REQUIRE(mine.ok());
+  CHECK((*mine)[0] == "addr1");
+  CHECK((*mine)[1] == std::string("addr\0zero", 9));
+  auto theirs = other.get();
+  REQUIRE(theirs.ok());
+  CHECK((*theirs)[0] == std::string("addr\0zero", 9));
+}
+
+TEST_CASE("grpc: a wrong or missing token gets UNAUTHENTICATED and changes nothing",
+          "[integration]") {
+  Fixture f;
+  f.Form(0, {"a:0"}, -1);
+  for (std::string token : {"wrong-token", "", "secret-token-but-longer"}) {
+    Client bad = f.MakeClient(token);
+    CHECK(bad.Set(0, "k", "v").code() == Code::kUnauthenticated);
+    CHECK(bad.Get(0, {"k"}, milliseconds(100)).status().code() == Code::kUnauthenticated);
+    CHECK(bad.Join("a:0", -1, seconds(1)).status().code() == Code::kUnauthenticated);
+    Report r;
+    r.slot = "a:0";
+    CHECK(bad.SendReport(r).code() == Code::kUnauthenticated);
+    CHECK(bad.Watch("a:0", [](const Event&) {}).code() == Code::kUnauthenticated);
+  }
+  CHECK(f.core->stored_keys() == 0);
+  CHECK(f.core->events().watcher_count() == 0);
+}
+
+TEST_CASE("grpc: oversized input is refused with INVALID_ARGUMENT", "[integration]") {
+  Fixture f;
+  f.Form(0, {"a:0"}, -1);
+  Client c = f.MakeClient();
+  CHECK(c.Set(0, std::string(600, 'k'), "v").code() == Code::kInvalidArgument);
+  CHECK(c.Set(0, "k", std::string((16u << 20) + 10, 'v')).code() == Code::kInvalidArgument);
+  std::vector<std::string> keys((64u << 10) + 1, "k");
+  CHECK(c.Get(0, keys, seconds(1)).status().code() == Code::kInvalidArgument);
+  CHECK(c.Join(std::string(300, 's'), -1, seconds(1)).status().code() == Code::kInvalidArgument);
+  CHECK(c.Join("has space", -1, seconds(1)).status().code() == Code::kInvalidArgument);
+  // A message far beyond the server's receive limit is refused by gRPC itself.
+  CHECK(c.Set(0, "k", std::string(40u << 20, 'v')).code() == Code::kResourceExhausted);
+  CHECK(f.core->stored_keys() == 0);
+}
+
+TEST_CASE("grpc: unknown and stale rounds", "[integration]") {
+  Fixture f;
+  f.Form(0, {"a:0"}, -1);
+  f.Form(1, {"a:0"}, 0);
+  Client c = f.MakeClient();
+  CHECK(c.Set(0, "k", "v").code() == Code::kFailedPrecondition);
+  CHECK(c.Set(7, "k", "v").code() == Code::kFailedPrecondition);
+  CHECK(c.Get(-5, {"k"}, seconds(1)).status().code() == Code::kFailedPrecondition);
+  CHECK(c.Set(1, "k", "v").ok());
+}
+
+TEST_CASE("grpc: a client that disconnects in the middle of a Get frees its waiter",
+          "[integration]") {
+  Fixture f;
+  f.Form(0, {"a:0"}, -1);
+  auto channel = grpc::CreateChannel(f.address, grpc::InsecureChannelCredentials());
+  auto stub = v1::Rendezvous::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("x-elastic-token", "secret-token");
+  v1::GetRequest req;
+  req.set_round(0);
+  req.add_keys("never");
+  req.set_timeout_ms(60000);
+  v1::GetResponse resp;
+  auto call = std::async(std::launch::async, [&] { return stub->Get(&ctx, req, &resp); });
+  // Wait (bounded) until the call is parked in the core, then cut it.
+  for (int i = 0; i < 1000 && f.core->pending_waiters() == 0; ++i) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  REQUIRE(f.core->pending_waiters() == 1);
+  ctx.TryCancel();
+  CHECK(call.get().error_code() == grpc::StatusCode::CANCELLED);
+  for (int i = 0; i < 1000 && f.core->pending_waiters() != 0; ++i) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  CHECK(f.core->pending_waiters() == 0);
+}
+
+TEST_CASE("grpc: watch delivers events; server shutdown ends every waiting call",
+          "[integration]") {
+  WatchListener listener;
+  Fixture f(&listener);
+  f.Form(0, {"a:0", "a:1"}, -1);
+  std::promise<void> opened;
+  std::mutex mu;
+  std::vector<Event> events;
+  auto watch = std::async(std::launch::async, [&] {
+    Client c = f.MakeClient();
+    return c.Watch(
+        "a:0",
+        [&](const Event& e) {
+          std::lock_guard<std::mutex> g(mu);
+          events.push_back(e);
+        },
+        [&] { opened.set_value(); });
+  });
+  REQUIRE(opened.get_future().wait_for(seconds(10)) == std::future_status::ready);
+  f.core->events().Publish("a:0", Event{EventKind::kMembershipChanging, 0, "host added"});
+  f.core->events().Publish("a:1", Event{EventKind::kAbort, 0, "not for a:0"});
+
+  auto get = std::async(std::launch::async,
+                        [&] { return f.MakeClient().Get(0, {"never"}, seconds(3)); });
+  auto join = std::async(std::launch::async,
+                         [&] { return f.MakeClient().Join("z:0", 0, seconds(3)); });
+  for (int i = 0; i < 1000 && f.core->pending_waiters() < 2; ++i) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  f.server->Shutdown(seconds(2));
+  CHECK(watch.get().ok());
+  CHECK_FALSE(get.get().ok());
+  CHECK_FALSE(join.get().ok());
+  std::lock_guard<std::mutex> g(mu);
+  REQUIRE(events.size() == 2);
+  CHECK(events[0].kind == EventKind::kMembershipChanging);
+  CHECK(events[0].message == "host added");
+  CHECK(events[1].kind == EventKind::kShutdown);
+  CHECK(listener.WaitClosed(1));
+}
+
+TEST_CASE("grpc: a watcher that goes away is reported closed", "[integration]") {
+  WatchListener listener;
+  Fixture f(&listener);
+  ClientOptions o;
+  o.address = f.address;
+  o.token = "secret-token";
+  Client c(o);
+  std::promise<void> opened;
+  auto watch = std::async(std::launch::async, [&] {
+    return c.Watch("b:3", [](const Event&) {}, [&] { opened.set_value(); });
+  });
+  REQUIRE(opened.get_future().wait_for(seconds(10)) == std::future_status::ready);
+  c.CancelWatch();
+  CHECK(watch.get().code() == Code::kCancelled);
+  REQUIRE(listener.WaitClosed(1));
+  std::lock_guard<std::mutex> g(listener.mu);
+  CHECK(listener.closed == std::vector<std::string>{"b:3"});
+  CHECK(listener.opened == std::vector<std::string>{"b:3"});
+}
+
+}  // namespace
+}  // namespace elastic::rendezvous
