@@ -3,6 +3,7 @@
 // The server runs in a child process so that its peak memory (VmHWM) is its own.
 //
 //   build/bench/rendezvous_bench [N ...]     (default: 16 64 256 1024)
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -63,6 +64,7 @@ std::string Slot(int i) { return "host" + std::to_string(i / 8) + ":" + std::to_
 struct Result {
   double seconds = 0;
   long server_peak_kib = 0;
+  double server_cpu = 0;
   int failures = 0;
 };
 
@@ -123,7 +125,11 @@ Result RunOnce(int n) {
     r.server_peak_kib = -1;
   }
   close(to_parent[0]);
-  waitpid(pid, nullptr, 0);
+  struct rusage ru {};
+  int status = 0;
+  wait4(pid, &status, 0, &ru);
+  r.server_cpu = ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+                 (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
   return r;
 }
 
@@ -135,11 +141,12 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) sizes.push_back(std::atoi(argv[i]));
   if (sizes.empty()) sizes = {16, 64, 256, 1024};
   std::printf("rendezvous_bench: Join + Set + Get(all N keys) per worker, one channel each\n");
-  std::printf("%8s %14s %18s %10s\n", "workers", "round+exchange", "server peak RSS", "failures");
+  std::printf("%8s %14s %18s %12s %10s\n", "workers", "round+exchange", "server peak RSS",
+              "server CPU", "failures");
   for (int n : sizes) {
     Result r = RunOnce(n);
-    std::printf("%8d %12.3f s %15.1f MiB %10d\n", n, r.seconds, r.server_peak_kib / 1024.0,
-                r.failures);
+    std::printf("%8d %12.3f s %14.1f MiB %10.2f s %10d\n", n, r.seconds,
+                r.server_peak_kib / 1024.0, r.server_cpu, r.failures);
     std::fflush(stdout);
   }
   return 0;

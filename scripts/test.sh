@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs every test: installs dependencies, configures, builds with ninja, runs ctest (C++ unit,
+# integration and end-to-end tests) and pytest (the Python package). Exits non-zero on any failure.
+#
+#   scripts/test.sh            # build in ./build and test
+#   BUILD_DIR=/tmp/b scripts/test.sh
+#   ELASTIC_ASAN=1 scripts/test.sh   # the same under AddressSanitizer (build-asan/)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+bash scripts/setup-deps.sh
+
+BUILD_DIR=${BUILD_DIR:-$ROOT/build}
+CMAKE_ARGS=(-G Ninja -DPython_EXECUTABLE=/usr/bin/python3 -DCMAKE_BUILD_TYPE=RelWithDebInfo)
+if [ "${ELASTIC_ASAN:-0}" = "1" ]; then
+  BUILD_DIR=${BUILD_DIR%/}-asan
+  CMAKE_ARGS+=(-DELASTIC_ASAN=ON -DELASTIC_BUILD_BENCH=OFF)
+fi
+JOBS=${JOBS:-$(nproc)}
+
+echo "== configure ($BUILD_DIR)"
+mkdir -p "$BUILD_DIR"
+cmake -S . -B "$BUILD_DIR" "${CMAKE_ARGS[@]}" >"$BUILD_DIR/configure.log" 2>&1 ||
+  { cat "$BUILD_DIR/configure.log"; exit 1; }
+echo "== build"
+cmake --build "$BUILD_DIR" -j "$JOBS"
+
+echo "== ctest"
+# Tests that start many processes are serialized through RESOURCE_LOCK; the rest run in parallel.
+ctest --test-dir "$BUILD_DIR" -j "$JOBS" --output-on-failure --timeout 300
+
+if [ -d tests/python ] && ls tests/python/test_*.py >/dev/null 2>&1; then
+  echo "== pytest"
+  ELASTIC_BUILD_DIR="$BUILD_DIR" PYTHONPATH="$BUILD_DIR/python:$ROOT/python${PYTHONPATH:+:$PYTHONPATH}" \
+    /usr/bin/python3 -m pytest -q tests/python
+fi
+echo "== all tests passed"

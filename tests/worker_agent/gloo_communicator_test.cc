@@ -1,0 +1,258 @@
+// Every collective, dtype and op, with ranks as threads over an in-process rendezvous Core and
+// real Gloo TCP pairs on loopback.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <thread>
+
+#include "rendezvous/rendezvous.h"
+#include "worker_agent/gloo_communicator.h"
+
+namespace elastic::worker_agent {
+namespace {
+
+using rendezvous::Core;
+
+// Forms round 0 of `n` ranks and runs `body(comm)` on each rank's thread. Returns the
+// failures' messages (empty when every rank passed).
+std::vector<std::string> RunRanks(int n, const std::function<void(GlooCommunicator&)>& body,
+                                  size_t fusion_bytes = 64u << 20) {
+  Core core(rendezvous::CoreOptions{});
+  std::map<std::string, rendezvous::Assignment> members;
+  for (int i = 0; i < n; ++i) members["h:" + std::to_string(i)].rank = i;
+  REQUIRE(core.ProposeRound(0, members, {}).ok());
+  std::mutex mu;
+  std::vector<std::string> failures;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        auto a = core.Join("h:" + std::to_string(i), -1, core.clock()->Now() + std::chrono::seconds(30));
+        if (!a.ok()) throw std::runtime_error(a.status().ToString());
+        auto store = MakeCoreRoundStore(&core, 0);
+        Topology topo{i, n, i, n, 0, 1};
+        GlooOptions opts;
+        opts.connect_timeout = std::chrono::seconds(30);
+        opts.collective_timeout = std::chrono::seconds(30);
+        opts.fusion_bytes = fusion_bytes;
+        auto comm = GlooCommunicator::Create(store.get(), topo, opts);
+        if (!comm.ok()) throw std::runtime_error(comm.status().ToString());
+        body(**comm);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> g(mu);
+        failures.push_back("rank " + std::to_string(i) + ": " + e.what());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return failures;
+}
+
+float HalfValue(uint16_t h) {
+  uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  float v = exp == 0 ? std::ldexp(static_cast<float>(mant), -24)
+                     : std::ldexp(1.0f + mant / 1024.0f, static_cast<int>(exp) - 15);
+  return (h & 0x8000) ? -v : v;
+}
+uint16_t ToHalf(float f) {
+  // Exact for the small integers used here.
+  if (f == 0) return 0;
+  uint16_t sign = f < 0 ? 0x8000 : 0;
+  f = std::fabs(f);
+  int e;
+  float m = std::frexp(f, &e);  // f = m * 2^e, m in [0.5,1)
+  uint16_t exp = static_cast<uint16_t>(e - 1 + 15);
+  uint16_t mant = static_cast<uint16_t>(std::lround((m * 2 - 1) * 1024));
+  return sign | static_cast<uint16_t>(exp << 10) | mant;
+}
+float Bf16Value(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+uint16_t ToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return static_cast<uint16_t>(bits >> 16);  // exact for small integers
+}
+
+// Rank r contributes value r+1+i at element i; returns the expected reduction at element i.
+double Expected(ReduceOp op, int n, size_t i) {
+  double sum = 0, mn = 1e300, mx = -1e300;
+  for (int r = 0; r < n; ++r) {
+    double v = r + 1 + static_cast<double>(i % 7);
+    sum += v;
+    mn = std::min(mn, v);
+    mx = std::max(mx, v);
+  }
+  switch (op) {
+    case ReduceOp::kSum: return sum;
+    case ReduceOp::kAvg: return sum / n;
+    case ReduceOp::kMin: return mn;
+    case ReduceOp::kMax: return mx;
+  }
+  return 0;
+}
+
+template <typename T>
+void CheckAllreduce(Communicator& c, ReduceOp op, DataType dt, T (*enc)(double),
+                    double (*dec)(T)) {
+  const size_t count = 1000;
+  std::vector<T> v(count);
+  for (size_t i = 0; i < count; ++i) v[i] = enc(c.rank() + 1 + static_cast<double>(i % 7));
+  c.Allreduce(v.data(), count, dt, op);
+  for (size_t i = 0; i < count; ++i) {
+    double want = Expected(op, c.size(), i);
+    bool integral = dt == DataType::kI32 || dt == DataType::kI64;
+    if (integral && op == ReduceOp::kAvg) want = std::trunc(want);
+    double tol = (dt == DataType::kF16 || dt == DataType::kBF16) ? std::fabs(want) * 0.01 : 1e-9;
+    if (std::fabs(dec(v[i]) - want) > tol) {
+      throw std::runtime_error(std::string("allreduce ") + DataTypeName(dt) + " " +
+                               ReduceOpName(op) + " element " + std::to_string(i) + ": got " +
+                               std::to_string(dec(v[i])) + " want " + std::to_string(want));
+    }
+  }
+}
+
+void AllDtypes(Communicator& c, ReduceOp op) {
+  CheckAllreduce<float>(c, op, DataType::kF32, [](double d) { return static_cast<float>(d); },
+                        [](float f) { return static_cast<double>(f); });
+  CheckAllreduce<double>(c, op, DataType::kF64, [](double d) { return d; },
+                         [](double d) { return d; });
+  CheckAllreduce<int32_t>(c, op, DataType::kI32, [](double d) { return static_cast<int32_t>(d); },
+                          [](int32_t x) { return static_cast<double>(x); });
+  CheckAllreduce<int64_t>(c, op, DataType::kI64, [](double d) { return static_cast<int64_t>(d); },
+                          [](int64_t x) { return static_cast<double>(x); });
+  CheckAllreduce<uint16_t>(c, op, DataType::kF16,
+                           [](double d) { return ToHalf(static_cast<float>(d)); },
+                           [](uint16_t h) { return static_cast<double>(HalfValue(h)); });
+  CheckAllreduce<uint16_t>(c, op, DataType::kBF16,
+                           [](double d) { return ToBf16(static_cast<float>(d)); },
+                           [](uint16_t h) { return static_cast<double>(Bf16Value(h)); });
+}
+
+TEST_CASE("gloo: allreduce of every dtype and op, 1 to 8 ranks", "[unit]") {
+  int n = GENERATE(1, 2, 3, 4, 8);
+  auto op = GENERATE(ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax);
+  INFO("ranks " << n << " op " << ReduceOpName(op));
+  auto failures = RunRanks(n, [op](GlooCommunicator& c) { AllDtypes(c, op); });
+  CHECK(failures.empty());
+  for (auto& f : failures) WARN(f);
+}
+
+TEST_CASE("gloo: broadcast, allgather of different sizes, barrier", "[unit]") {
+  int n = GENERATE(1, 2, 5, 8);
+  auto failures = RunRanks(n, [](GlooCommunicator& c) {
+    for (int root : {0, c.size() - 1}) {
+      std::vector<char> buf(100000, c.rank() == root ? static_cast<char>('A' + root % 26) : 0);
+      c.Broadcast(buf.data(), buf.size(), root);
+      for (char ch : buf) {
+        if (ch != static_cast<char>('A' + root % 26)) throw std::runtime_error("broadcast mismatch");
+      }
+    }
+    std::string mine(static_cast<size_t>(c.rank()) * 3, static_cast<char>('a' + c.rank()));
+    auto all = c.Allgather(mine.data(), mine.size());
+    if (static_cast<int>(all.size()) != c.size()) throw std::runtime_error("allgather size");
+    for (int r = 0; r < c.size(); ++r) {
+      std::string want(static_cast<size_t>(r) * 3, static_cast<char>('a' + r));
+      if (std::string(all[r].begin(), all[r].end()) != want) throw std::runtime_error("allgather content");
+    }
+    c.Barrier();
+  });
+  CHECK(failures.empty());
+  for (auto& f : failures) WARN(f);
+}
+
+TEST_CASE("gloo: fusion of 1000 tensors of mixed sizes and dtypes", "[unit]") {
+  size_t fusion = GENERATE(size_t{64} << 20, size_t{4096});  // one bucket, and many
+  auto failures = RunRanks(4, [](GlooCommunicator& c) {
+    std::vector<std::vector<float>> f32;
+    std::vector<std::vector<double>> f64;
+    std::vector<TensorView> views;
+    for (int t = 0; t < 1000; ++t) {
+      size_t len = 1 + (t * 37) % 3000;
+      if (t % 5 == 0) {
+        f64.emplace_back(len, c.rank() + t);
+      } else {
+        f32.emplace_back(len, static_cast<float>(c.rank() + t));
+      }
+    }
+    size_t a = 0, b = 0;
+    for (int t = 0; t < 1000; ++t) {
+      if (t % 5 == 0) {
+        views.push_back({f64[a].data(), f64[a].size(), DataType::kF64});
+        ++a;
+      } else {
+        views.push_back({f32[b].data(), f32[b].size(), DataType::kF32});
+        ++b;
+      }
+    }
+    c.AllreduceMany(views, ReduceOp::kSum);
+    a = b = 0;
+    double rank_sum = c.size() * (c.size() - 1) / 2.0;
+    for (int t = 0; t < 1000; ++t) {
+      double want = rank_sum + static_cast<double>(t) * c.size();
+      double got = t % 5 == 0 ? f64[a++].back() : f32[b++].back();
+      if (got != want) {
+        throw std::runtime_error("tensor " + std::to_string(t) + ": got " + std::to_string(got) +
+                                 " want " + std::to_string(want));
+      }
+    }
+  }, fusion);
+  CHECK(failures.empty());
+  for (auto& f : failures) WARN(f);
+}
+
+TEST_CASE("gloo: a rank that goes away fails its peers' collective with WorkerLostError",
+          "[unit]") {
+  std::atomic<int> lost{0};
+  auto failures = RunRanks(4, [&](GlooCommunicator& c) {
+    std::vector<float> v(1 << 20, 1.0f);
+    c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
+    if (c.rank() == 3) {
+      c.Abort();  // closes every pair, like a process that dies
+      return;
+    }
+    try {
+      for (int i = 0; i < 100; ++i) c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
+    } catch (const WorkerLostError&) {
+      lost.fetch_add(1);
+    }
+  });
+  CHECK(failures.empty());
+  CHECK(lost.load() == 3);
+}
+
+TEST_CASE("gloo: abort from another thread fails a blocked collective at once", "[unit]") {
+  std::atomic<int> lost{0};
+  std::promise<void> rank0_done;
+  auto done = rank0_done.get_future().share();
+  auto failures = RunRanks(2, [&](GlooCommunicator& c) {
+    if (c.rank() == 1) {
+      // Rank 1 stays connected but never enters the collective, so only rank 0's own Abort
+      // can end it.
+      done.wait_for(std::chrono::seconds(20));
+      return;
+    }
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      c.Abort();
+    });
+    std::vector<float> v(16, 1.0f);
+    try {
+      c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
+    } catch (const WorkerLostError&) {
+      lost.fetch_add(1);
+    }
+    rank0_done.set_value();
+    aborter.join();
+  });
+  CHECK(failures.empty());
+  CHECK(lost.load() == 1);
+}
+
+}  // namespace
+}  // namespace elastic::worker_agent

@@ -1,0 +1,241 @@
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "worker_agent/worker_agent.h"
+
+namespace elastic {
+namespace {
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+// The local address that routes to the driver: where peers can reach this worker.
+std::string LocalAddressTowards(const std::string& driver_addr) {
+  size_t colon = driver_addr.rfind(':');
+  std::string host = colon == std::string::npos ? driver_addr : driver_addr.substr(0, colon);
+  std::string port = colon == std::string::npos ? "1" : driver_addr.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0 || !res) return "127.0.0.1";
+  std::string out = "127.0.0.1";
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {  // UDP: sends nothing
+    sockaddr_in local{};
+    socklen_t len = sizeof local;
+    char buf[INET_ADDRSTRLEN];
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        inet_ntop(AF_INET, &local.sin_addr, buf, sizeof buf)) {
+      out = buf;
+    }
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(res);
+  return out;
+}
+
+}  // namespace
+
+StatusOr<WorkerEnv> WorkerEnv::FromEnvironment() {
+  WorkerEnv env;
+  env.driver_addr = Env("ELASTIC_DRIVER_ADDR");
+  env.token = Env("ELASTIC_JOB_TOKEN");
+  env.slot = Env("ELASTIC_SLOT");
+  env.hostname = Env("ELASTIC_HOSTNAME");
+  env.iface = Env("ELASTIC_IFACE");
+  for (auto [name, value] : {std::pair<const char*, std::string*>{"ELASTIC_DRIVER_ADDR", &env.driver_addr},
+                             {"ELASTIC_JOB_TOKEN", &env.token},
+                             {"ELASTIC_SLOT", &env.slot}}) {
+    if (value->empty()) {
+      return InvalidArgument(std::string(name) +
+                             " is not set: start this program under elastic-run, e.g. "
+                             "`elastic-run -np 2 ./train`");
+    }
+  }
+  if (env.hostname.empty()) env.hostname = env.slot.substr(0, env.slot.rfind(':'));
+  return env;
+}
+
+Agent::Agent(WorkerEnv env, AgentOptions options)
+    : env_(std::move(env)), options_(std::move(options)) {}
+
+StatusOr<std::unique_ptr<Agent>> Agent::Create(WorkerEnv env, AgentOptions options) {
+  if (options.gloo.iface.empty()) options.gloo.iface = env.iface;
+  if (options.gloo.iface.empty() && options.gloo.hostname.empty()) {
+    options.gloo.hostname = LocalAddressTowards(env.driver_addr);
+  }
+  std::unique_ptr<Agent> agent(new Agent(std::move(env), std::move(options)));
+  rendezvous::ClientOptions co;
+  co.address = agent->env_.driver_addr;
+  co.token = agent->env_.token;
+  agent->client_ = std::make_unique<rendezvous::Client>(co);
+  agent->watch_ = std::thread([a = agent.get()] { a->WatchLoop(); });
+  return agent;
+}
+
+Agent::~Agent() {
+  stopping_.store(true);
+  client_->CancelWatch();
+  if (watch_.joinable()) watch_.join();
+  std::lock_guard<std::mutex> g(comm_mu_);
+  comm_.reset();
+}
+
+void Agent::WatchLoop() {
+  // A stream that breaks means the driver is gone (or unreachable): the worker must not
+  // outlive it. Re-opening is tried for a short while to ride out a blip.
+  auto lost_since = SteadyClock::now();
+  bool ever_open = false;
+  while (!stopping_.load()) {
+    bool opened = false;
+    Status s = client_->Watch(
+        env_.slot, [this](const rendezvous::Event& e) { OnEvent(e); },
+        [&] { opened = true; ever_open = true; });
+    if (stopping_.load()) return;
+    if (opened) lost_since = SteadyClock::now();
+    if (s.code() == Code::kUnauthenticated || s.code() == Code::kInvalidArgument) {
+      spdlog::critical("the driver refused this worker's Watch: {}", s.ToString());
+      std::_Exit(3);
+    }
+    if (SteadyClock::now() - lost_since > std::chrono::seconds(ever_open ? 3 : 30)) {
+      spdlog::critical("lost the driver at {} ({}); exiting so that no worker outlives it",
+                       env_.driver_addr, s.ToString());
+      std::_Exit(3);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // re-open backoff
+  }
+}
+
+void Agent::OnEvent(const rendezvous::Event& e) {
+  using rendezvous::EventKind;
+  switch (e.kind) {
+    case EventKind::kMembershipChanging: {
+      int64_t prev = changing_round_.load();
+      while (e.round > prev && !changing_round_.compare_exchange_weak(prev, e.round)) {
+      }
+      spdlog::debug("driver: round {} is changing ({})", e.round, e.message);
+      break;
+    }
+    case EventKind::kAbort:
+      if (e.round >= current_round_.load()) {
+        int64_t prev = changing_round_.load();
+        while (e.round > prev && !changing_round_.compare_exchange_weak(prev, e.round)) {
+        }
+        spdlog::info("driver: a peer of round {} is gone ({}); aborting collectives", e.round,
+                     e.message);
+        std::lock_guard<std::mutex> g(comm_mu_);
+        aborted_round_.store(std::max(aborted_round_.load(), e.round));
+        if (comm_ && e.round == current_round_.load()) comm_->Abort();
+      }
+      break;
+    case EventKind::kShutdown: {
+      spdlog::info("driver: the job is shutting down");
+      std::lock_guard<std::mutex> g(comm_mu_);
+      if (comm_) comm_->Abort();
+      break;
+    }
+  }
+}
+
+StatusOr<bool> Agent::JoinNextRound() {
+  {
+    std::lock_guard<std::mutex> g(comm_mu_);
+    comm_.reset();
+  }
+  auto joined = client_->Join(env_.slot, current_round_.load(), options_.join_timeout);
+  if (!joined.ok()) return joined.status().WithContext("joining the next round");
+  if (joined->removed) {
+    spdlog::info("slot {} was removed by the driver (scale-down)", env_.slot);
+    return false;
+  }
+  assignment_ = joined->assignment;
+  current_round_.store(assignment_.round);
+  worker_agent::Topology topo{assignment_.rank,       assignment_.size,
+                              assignment_.local_rank, assignment_.local_size,
+                              assignment_.cross_rank, assignment_.cross_size};
+  auto store = worker_agent::MakeRpcRoundStore(client_.get(), assignment_.round);
+  auto comm = worker_agent::GlooCommunicator::Create(store.get(), topo, options_.gloo);
+  if (!comm.ok()) return comm.status().WithContext("round " + std::to_string(assignment_.round));
+  std::lock_guard<std::mutex> g(comm_mu_);
+  comm_ = std::move(comm).value();
+  // An ABORT for this round that came while connecting must still take effect.
+  if (aborted_round_.load() >= assignment_.round) comm_->Abort();
+  return true;
+}
+
+Communicator& Agent::comm() {
+  if (!comm_) throw std::logic_error("Agent::comm() before a successful JoinNextRound()");
+  return *comm_;
+}
+
+bool Agent::change_pending() const {
+  return current_round_.load() >= 0 && changing_round_.load() >= current_round_.load();
+}
+
+void Agent::CheckHostUpdates() {
+  int32_t flag = change_pending() ? 1 : 0;
+  comm().Allreduce(&flag, 1, DataType::kI32, ReduceOp::kMax);
+  if (flag > 0) {
+    throw HostsUpdated("the driver announced a membership change after round " +
+                       std::to_string(current_round_.load()));
+  }
+}
+
+void Agent::SendReport(rendezvous::ReportKind kind, int64_t step, int64_t epoch, int64_t cursor,
+                       const std::string& message) {
+  rendezvous::Report r;
+  r.slot = env_.slot;
+  r.kind = kind;
+  r.round = current_round_.load();
+  r.step = step;
+  r.epoch = epoch;
+  r.cursor = cursor;
+  r.message = message.substr(0, 4000);
+  Status s = client_->SendReport(r);
+  if (!s.ok()) spdlog::warn("report to the driver failed: {}", s.ToString());
+}
+
+void Agent::ReportCommitted(int64_t step, int64_t epoch, int64_t cursor) {
+  SendReport(rendezvous::ReportKind::kCommitted, step, epoch, cursor, "");
+}
+void Agent::ReportFinished() { SendReport(rendezvous::ReportKind::kFinished, 0, 0, 0, ""); }
+void Agent::ReportFailed(const std::string& message) {
+  SendReport(rendezvous::ReportKind::kFailed, 0, 0, 0, message);
+}
+
+Agent& Init(AgentOptions options) {
+  static std::unique_ptr<Agent> agent;
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    auto env = WorkerEnv::FromEnvironment();
+    if (!env.ok()) {
+      std::fprintf(stderr, "elastic: %s\n", env.status().message().c_str());
+      std::exit(2);
+    }
+    auto a = Agent::Create(*env, options);
+    if (!a.ok()) {
+      std::fprintf(stderr, "elastic: %s\n", a.status().ToString().c_str());
+      std::exit(2);
+    }
+    agent = std::move(a).value();
+    auto joined = agent->JoinNextRound();
+    if (!joined.ok()) {
+      std::fprintf(stderr, "elastic: %s\n", joined.status().ToString().c_str());
+      std::exit(1);
+    }
+    if (!*joined) std::exit(0);
+  });
+  return *agent;
+}
+
+}  // namespace elastic

@@ -1,0 +1,327 @@
+#include "worker_agent/gloo_communicator.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <cstring>
+
+namespace elastic::worker_agent {
+namespace {
+
+// IEEE half and bfloat16 <-> float, for reductions on 16-bit types.
+float HalfToFloat(uint16_t h) {
+  uint32_t sign = (h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalize
+      exp = 127 - 15 + 1;
+      while ((mant & 0x400) == 0) {
+        mant <<= 1;
+        --exp;
+      }
+      mant &= 0x3ff;
+      bits = sign | (exp << 23) | (mant << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  int32_t exp = static_cast<int32_t>((x >> 23) & 0xff) - 127 + 15;
+  uint32_t mant = x & 0x7fffffu;
+  if (((x >> 23) & 0xff) == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200 : 0));
+  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
+  if (exp <= 0) {
+    if (exp < -10) return static_cast<uint16_t>(sign);
+    mant |= 0x800000u;
+    uint32_t shift = static_cast<uint32_t>(14 - exp);
+    uint32_t half = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = sign | (static_cast<uint32_t>(exp) << 10) | (mant >> 13);
+  uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1))) ++half;  // may carry into exponent: ok
+  return static_cast<uint16_t>(half);
+}
+
+float Bf16ToFloat(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t FloatToBf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7f800000u) == 0x7f800000u && (x & 0x7fffffu)) return static_cast<uint16_t>((x >> 16) | 0x40);
+  uint32_t rounding = 0x7fffu + ((x >> 16) & 1);
+  return static_cast<uint16_t>((x + rounding) >> 16);
+}
+
+template <typename T>
+T Combine(T a, T b, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMin: return b < a ? b : a;
+    case ReduceOp::kMax: return a < b ? b : a;
+    default: return a + b;  // sum, and avg (divided afterwards)
+  }
+}
+
+template <typename T>
+gloo::AllreduceOptions::Func NativeReduce(ReduceOp op) {
+  return [op](void* c, const void* a, const void* b, size_t n) {
+    T* out = static_cast<T*>(c);
+    const T* x = static_cast<const T*>(a);
+    const T* y = static_cast<const T*>(b);
+    for (size_t i = 0; i < n; ++i) out[i] = Combine(x[i], y[i], op);
+  };
+}
+
+template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
+gloo::AllreduceOptions::Func HalfReduce(ReduceOp op) {
+  return [op](void* c, const void* a, const void* b, size_t n) {
+    uint16_t* out = static_cast<uint16_t*>(c);
+    const uint16_t* x = static_cast<const uint16_t*>(a);
+    const uint16_t* y = static_cast<const uint16_t*>(b);
+    for (size_t i = 0; i < n; ++i) out[i] = FromF(Combine(ToF(x[i]), ToF(y[i]), op));
+  };
+}
+
+template <typename T>
+void DivideBy(void* data, size_t count, int size) {
+  T* p = static_cast<T*>(data);
+  for (size_t i = 0; i < count; ++i) p[i] = static_cast<T>(p[i] / size);
+}
+
+template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
+void DivideHalf(void* data, size_t count, int size) {
+  uint16_t* p = static_cast<uint16_t*>(data);
+  for (size_t i = 0; i < count; ++i) p[i] = FromF(ToF(p[i]) / static_cast<float>(size));
+}
+
+template <typename T>
+void RunAllreduce(const std::shared_ptr<gloo::Context>& ctx, void* data, size_t count,
+                  gloo::AllreduceOptions::Func fn, Duration timeout) {
+  gloo::AllreduceOptions opts(ctx);
+  opts.setOutput(static_cast<T*>(data), count);
+  opts.setReduceFunction(std::move(fn));
+  opts.setTimeout(std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+  gloo::allreduce(opts);
+}
+
+}  // namespace
+
+GlooCommunicator::GlooCommunicator(std::shared_ptr<gloo::Context> ctx, Topology topo,
+                                   GlooOptions options)
+    : ctx_(std::move(ctx)), topo_(topo), options_(std::move(options)) {}
+
+GlooCommunicator::~GlooCommunicator() {
+  std::lock_guard<std::mutex> g(abort_mu_);
+  ctx_.reset();
+}
+
+StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(RoundStore* store,
+                                                                     const Topology& topo,
+                                                                     const GlooOptions& options) {
+  if (topo.size < 1 || topo.rank < 0 || topo.rank >= topo.size) {
+    return InvalidArgument("bad topology: rank " + std::to_string(topo.rank) + " of " +
+                           std::to_string(topo.size));
+  }
+  try {
+    gloo::transport::tcp::attr attr;
+    if (!options.iface.empty()) {
+      attr.iface = options.iface;
+    } else {
+      attr.hostname = options.hostname.empty() ? "127.0.0.1" : options.hostname;
+    }
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(topo.rank, topo.size);
+    ctx->setTimeout(std::chrono::duration_cast<std::chrono::milliseconds>(options.connect_timeout));
+    std::vector<std::string> all;
+    for (int i = 0; i < topo.size; ++i) {
+      if (i != topo.rank) all.push_back(std::to_string(i));
+    }
+    GlooStore gloo_store(store, options.connect_timeout, all);
+    ctx->connectFullMesh(gloo_store, device);
+    ctx->setTimeout(std::chrono::duration_cast<std::chrono::milliseconds>(options.collective_timeout));
+    return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(ctx, topo, options));
+  } catch (const std::exception& e) {
+    return Unavailable(std::string("connecting the Gloo full mesh failed: ") + e.what());
+  }
+}
+
+template <typename Fn>
+void GlooCommunicator::Guard(const char* what, Fn&& fn) {
+  if (aborted_.load()) {
+    throw WorkerLostError(std::string(what) + ": the communicator was aborted (a peer is gone)");
+  }
+  try {
+    fn();
+  } catch (const gloo::Exception& e) {
+    throw WorkerLostError(std::string(what) + " failed, a peer is gone: " + e.what());
+  }
+  if (aborted_.load()) {
+    throw WorkerLostError(std::string(what) + ": the communicator was aborted (a peer is gone)");
+  }
+}
+
+void GlooCommunicator::Allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
+  if (count == 0) return;
+  Guard("allreduce", [&] {
+    if (topo_.size > 1) {
+      Duration t = options_.collective_timeout;
+      switch (dtype) {
+        case DataType::kF32: RunAllreduce<float>(ctx_, data, count, NativeReduce<float>(op), t); break;
+        case DataType::kF64: RunAllreduce<double>(ctx_, data, count, NativeReduce<double>(op), t); break;
+        case DataType::kI32: RunAllreduce<int32_t>(ctx_, data, count, NativeReduce<int32_t>(op), t); break;
+        case DataType::kI64: RunAllreduce<int64_t>(ctx_, data, count, NativeReduce<int64_t>(op), t); break;
+        case DataType::kF16:
+          RunAllreduce<uint16_t>(ctx_, data, count, HalfReduce<HalfToFloat, FloatToHalf>(op), t);
+          break;
+        case DataType::kBF16:
+          RunAllreduce<uint16_t>(ctx_, data, count, HalfReduce<Bf16ToFloat, FloatToBf16>(op), t);
+          break;
+      }
+    }
+    if (op != ReduceOp::kAvg || topo_.size == 1) return;
+    switch (dtype) {
+      case DataType::kF32: DivideBy<float>(data, count, topo_.size); break;
+      case DataType::kF64: DivideBy<double>(data, count, topo_.size); break;
+      case DataType::kI32: DivideBy<int32_t>(data, count, topo_.size); break;
+      case DataType::kI64: DivideBy<int64_t>(data, count, topo_.size); break;
+      case DataType::kF16: DivideHalf<HalfToFloat, FloatToHalf>(data, count, topo_.size); break;
+      case DataType::kBF16: DivideHalf<Bf16ToFloat, FloatToBf16>(data, count, topo_.size); break;
+    }
+  });
+}
+
+void GlooCommunicator::AllreduceMany(const std::vector<TensorView>& tensors, ReduceOp op) {
+  const size_t cap = std::max<size_t>(options_.fusion_bytes, 8);
+  size_t i = 0;
+  while (i < tensors.size()) {
+    const TensorView& first = tensors[i];
+    const size_t esize = DataTypeSize(first.dtype);
+    if (first.count * esize >= cap) {  // too big to fuse: reduce in place
+      Allreduce(first.data, first.count, first.dtype, op);
+      ++i;
+      continue;
+    }
+    // A bucket: consecutive tensors of the same dtype that fit in the fusion buffer.
+    size_t j = i;
+    size_t bytes = 0;
+    while (j < tensors.size() && tensors[j].dtype == first.dtype &&
+           bytes + tensors[j].count * esize <= cap) {
+      bytes += tensors[j].count * esize;
+      ++j;
+    }
+    if (fusion_.size() < bytes) fusion_.resize(bytes);
+    size_t off = 0;
+    for (size_t k = i; k < j; ++k) {
+      std::memcpy(fusion_.data() + off, tensors[k].data, tensors[k].count * esize);
+      off += tensors[k].count * esize;
+    }
+    Allreduce(fusion_.data(), bytes / esize, first.dtype, op);
+    off = 0;
+    for (size_t k = i; k < j; ++k) {
+      std::memcpy(tensors[k].data, fusion_.data() + off, tensors[k].count * esize);
+      off += tensors[k].count * esize;
+    }
+    i = j;
+  }
+}
+
+void GlooCommunicator::Broadcast(void* data, size_t bytes, int root) {
+  if (root < 0 || root >= topo_.size) {
+    throw std::invalid_argument("broadcast root " + std::to_string(root) + " out of range");
+  }
+  if (bytes == 0 || topo_.size == 1) return;
+  Guard("broadcast", [&] {
+    gloo::BroadcastOptions opts(ctx_);
+    opts.setRoot(root);
+    opts.setOutput(static_cast<uint8_t*>(data), bytes);
+    opts.setTimeout(std::chrono::duration_cast<std::chrono::milliseconds>(options_.collective_timeout));
+    gloo::broadcast(opts);
+  });
+}
+
+std::vector<std::vector<char>> GlooCommunicator::Allgather(const void* data, size_t bytes) {
+  std::vector<std::vector<char>> out(topo_.size);
+  if (topo_.size == 1) {
+    out[0].assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
+    return out;
+  }
+  Guard("allgather", [&] {
+    auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(options_.collective_timeout);
+    std::vector<int64_t> sizes(topo_.size);
+    int64_t mine = static_cast<int64_t>(bytes);
+    {
+      gloo::AllgatherOptions opts(ctx_);
+      opts.setInput(&mine, 1);
+      opts.setOutput(sizes.data(), sizes.size());
+      opts.setTimeout(timeout);
+      gloo::allgather(opts);
+    }
+    std::vector<size_t> counts(sizes.begin(), sizes.end());
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    std::vector<char> flat(std::max<size_t>(total, 1));
+    std::vector<char> input(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
+    input.resize(std::max<size_t>(bytes, 1));
+    gloo::AllgathervOptions opts(ctx_);
+    opts.setInput(input.data(), bytes);
+    opts.setOutput(flat.data(), counts);
+    opts.setTimeout(timeout);
+    gloo::allgatherv(opts);
+    size_t off = 0;
+    for (int r = 0; r < topo_.size; ++r) {
+      out[r].assign(flat.begin() + off, flat.begin() + off + counts[r]);
+      off += counts[r];
+    }
+  });
+  return out;
+}
+
+void GlooCommunicator::Barrier() {
+  if (topo_.size == 1) return;
+  Guard("barrier", [&] {
+    gloo::BarrierOptions opts(ctx_);
+    opts.setTimeout(std::chrono::duration_cast<std::chrono::milliseconds>(options_.collective_timeout));
+    gloo::barrier(opts);
+  });
+}
+
+void GlooCommunicator::Abort() {
+  aborted_.store(true);
+  std::lock_guard<std::mutex> g(abort_mu_);
+  if (!ctx_) return;
+  try {
+    ctx_->closeConnections();
+  } catch (const std::exception&) {
+    // Closing pairs that already failed may throw; the flag above is what later calls check.
+  }
+}
+
+}  // namespace elastic::worker_agent

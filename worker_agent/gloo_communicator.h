@@ -1,0 +1,72 @@
+// GlooCommunicator: the Communicator over Gloo's TCP transport.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/common.h"
+#include "worker_agent/store.h"
+
+namespace gloo {
+class Context;
+}
+
+namespace elastic::worker_agent {
+
+struct Topology {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int cross_rank = 0;
+  int cross_size = 1;
+};
+
+struct GlooOptions {
+  std::string iface;     // bind to this interface when set ...
+  std::string hostname;  // ... else to this local address/host name (default 127.0.0.1)
+  Duration connect_timeout = std::chrono::seconds(60);
+  Duration collective_timeout = std::chrono::seconds(300);
+  size_t fusion_bytes = 64u << 20;
+};
+
+class GlooCommunicator : public Communicator {
+ public:
+  // Connects the full mesh of `topo.size` ranks through `store` (keys "0".."size-1").
+  // Returns UNAVAILABLE / DEADLINE_EXCEEDED (with Gloo's message) when peers do not show up.
+  static StatusOr<std::unique_ptr<GlooCommunicator>> Create(RoundStore* store,
+                                                            const Topology& topo,
+                                                            const GlooOptions& options);
+  ~GlooCommunicator() override;
+
+  int rank() const override { return topo_.rank; }
+  int size() const override { return topo_.size; }
+  int local_rank() const override { return topo_.local_rank; }
+  int local_size() const override { return topo_.local_size; }
+  int cross_rank() const override { return topo_.cross_rank; }
+  int cross_size() const override { return topo_.cross_size; }
+
+  void Allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
+  void AllreduceMany(const std::vector<TensorView>& tensors, ReduceOp op) override;
+  void Broadcast(void* data, size_t bytes, int root) override;
+  std::vector<std::vector<char>> Allgather(const void* data, size_t bytes) override;
+  void Barrier() override;
+  void Abort() override;
+
+ private:
+  GlooCommunicator(std::shared_ptr<gloo::Context> ctx, Topology topo, GlooOptions options);
+  template <typename Fn>
+  void Guard(const char* what, Fn&& fn);
+
+  std::shared_ptr<gloo::Context> ctx_;
+  Topology topo_;
+  GlooOptions options_;
+  std::vector<char> fusion_;  // the fusion buffer, grown on first use up to fusion_bytes
+  std::atomic<bool> aborted_{false};
+  std::mutex abort_mu_;  // serializes Abort() against the destructor
+};
+
+}  // namespace elastic::worker_agent

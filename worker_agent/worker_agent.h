@@ -1,0 +1,90 @@
+// The worker agent: what runs inside a worker process. It reads the environment the driver
+// gives (DESIGN §7), joins rounds, keeps the Watch stream on a background thread, and builds a
+// Communicator for each round.
+//
+// Thread safety: Agent methods are called from the training thread; the Watch thread only
+// flips flags and may Abort() the current communicator.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/common.h"
+#include "rendezvous/client.h"
+#include "rendezvous/types.h"
+#include "worker_agent/gloo_communicator.h"
+
+namespace elastic {
+
+// The environment of DESIGN §7.
+struct WorkerEnv {
+  std::string driver_addr;  // ELASTIC_DRIVER_ADDR, host:port
+  std::string token;        // ELASTIC_JOB_TOKEN
+  std::string slot;         // ELASTIC_SLOT, host:local_index
+  std::string hostname;     // ELASTIC_HOSTNAME
+  std::string iface;        // ELASTIC_IFACE (may be empty)
+  // Reads the variables; INVALID_ARGUMENT naming the missing one (run under elastic-run).
+  static StatusOr<WorkerEnv> FromEnvironment();
+};
+
+struct AgentOptions {
+  Duration join_timeout = std::chrono::seconds(600);
+  worker_agent::GlooOptions gloo;
+};
+
+class Agent {
+ public:
+  // Connects to the driver and starts the Watch thread; does not join yet.
+  static StatusOr<std::unique_ptr<Agent>> Create(WorkerEnv env, AgentOptions options = {});
+  ~Agent();
+
+  // Destroys the current communicator, joins the next round (round 0 the first time) and
+  // builds the communicator for it. Returns false when the driver removed this slot (the
+  // worker should exit 0). Errors: DEADLINE_EXCEEDED, UNAVAILABLE (driver gone), or the
+  // communicator's connection failure.
+  StatusOr<bool> JoinNextRound();
+
+  const rendezvous::Assignment& assignment() const { return assignment_; }
+  Communicator& comm();  // valid after a successful JoinNextRound
+  const WorkerEnv& env() const { return env_; }
+
+  // True once the driver announced that the current round is changing.
+  bool change_pending() const;
+  // Agrees across ranks (max-allreduce of change_pending) and throws HostsUpdated when any
+  // rank saw the announcement, so every rank stops at the same commit. May throw
+  // WorkerLostError.
+  void CheckHostUpdates();
+
+  // Best-effort reports to the driver (failures are logged, not fatal).
+  void ReportCommitted(int64_t step, int64_t epoch, int64_t cursor);
+  void ReportFinished();
+  void ReportFailed(const std::string& message);
+
+ private:
+  Agent(WorkerEnv env, AgentOptions options);
+  void WatchLoop();
+  void OnEvent(const rendezvous::Event& e);
+  void SendReport(rendezvous::ReportKind kind, int64_t step, int64_t epoch, int64_t cursor,
+                  const std::string& message);
+
+  WorkerEnv env_;
+  AgentOptions options_;
+  std::unique_ptr<rendezvous::Client> client_;
+  rendezvous::Assignment assignment_;
+  std::atomic<int64_t> current_round_{-1};
+  std::atomic<int64_t> changing_round_{-1};  // newest round the driver said is changing
+  std::atomic<int64_t> aborted_round_{-1};   // newest round the driver aborted
+  std::atomic<bool> stopping_{false};
+  std::mutex comm_mu_;  // guards comm_ against Abort from the Watch thread
+  std::unique_ptr<worker_agent::GlooCommunicator> comm_;  // guarded by comm_mu_ when replaced
+  std::thread watch_;
+};
+
+// The process-wide agent: created and joined to round 0 on first call (DESIGN §4 Init()).
+// Prints a clear message and exits 2 when not run under elastic-run.
+Agent& Init(AgentOptions options = {});
+
+}  // namespace elastic
