@@ -1,0 +1,99 @@
+// Host discovery: parsing host lists, running the discovery script, and the host table with
+// blacklist and cooldown (DESIGN §6).
+#pragma once
+
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace elastic::discovery {
+
+struct HostSlots {
+  std::string host;
+  int slots = 1;
+  bool operator==(const HostSlots& o) const { return host == o.host && slots == o.slots; }
+};
+
+constexpr int kMaxSlotsPerHost = 4096;
+constexpr size_t kMaxHosts = 65536;
+
+// A host name or address: 1..253 bytes of letters, digits, '-', '.', '_' (or an IPv4 address).
+bool ValidHostName(const std::string& host);
+
+// Parses discovery output: one `host` or `host:slots` per line; blank lines and `#` comments
+// are skipped; `default_slots` applies to a bare host. Duplicates are merged (the last count
+// wins) and reported in `warnings`. A bad line is INVALID_ARGUMENT naming its number and text.
+StatusOr<std::vector<HostSlots>> ParseHostLines(const std::string& text, int default_slots,
+                                                std::vector<std::string>* warnings);
+// Parses `-H h1:4,h2:2` (same rules as a line each).
+StatusOr<std::vector<HostSlots>> ParseHostList(const std::string& list, int default_slots);
+
+struct ScriptResult {
+  int exit_code = 0;    // 128+signal when killed
+  bool timed_out = false;
+  bool truncated = false;  // output over the cap
+  std::string out;
+  std::string err;      // the last few KiB of stderr
+};
+
+// Runs `script` (through /bin/sh -c when it has spaces, else directly) in its own process
+// group; kills the whole group at `timeout`; keeps at most `max_output` bytes of stdout.
+// Errors are only for failing to start it at all.
+StatusOr<ScriptResult> RunScript(const std::string& script, Duration timeout, size_t max_output);
+
+// Runs the script and parses it: a non-zero exit, a timeout, an over-long output or a bad line
+// is an error whose message says which, with the script's stderr.
+StatusOr<std::vector<HostSlots>> Discover(const std::string& script, Duration timeout,
+                                          size_t max_output, int default_slots,
+                                          std::vector<std::string>* warnings);
+
+struct HostTableOptions {
+  Clock* clock = RealClock();
+  int failure_limit = 1;        // failures before a host is blacklisted; 0 disables
+  Duration cooldown_min{0};     // both zero: a blacklisted host never comes back
+  Duration cooldown_max{0};
+  uint64_t seed = 0;            // jitter
+};
+
+struct HostChange {
+  std::vector<std::string> added, removed, changed;
+  bool empty() const { return added.empty() && removed.empty() && changed.empty(); }
+};
+
+// The hosts the driver knows, in the order first seen. Not thread-safe.
+class HostTable {
+ public:
+  explicit HostTable(HostTableOptions options);
+  // Replaces the listed set; returns what changed.
+  HostChange Update(const std::vector<HostSlots>& listed);
+  // Counts a failure; returns true when this failure blacklists the host.
+  bool RecordFailure(const std::string& host);
+  bool Blacklisted(const std::string& host) const;
+  // Listed hosts that are not blacklisted (a host whose cooldown ended comes back), in
+  // first-seen order.
+  std::vector<HostSlots> Available() const;
+  // When the next cooldown ends (TimePoint::max() when none).
+  TimePoint NextCooldownEnd() const;
+  Duration LastCooldown() const { return last_cooldown_; }
+
+ private:
+  struct Entry {
+    int slots = 0;
+    bool listed = false;
+    int failures = 0;
+    int times_blacklisted = 0;
+    bool blacklisted = false;
+    TimePoint until;  // blacklisted until; max() = forever
+  };
+  HostTableOptions options_;
+  std::vector<std::string> order_;
+  std::map<std::string, Entry> hosts_;
+  std::mt19937_64 rng_;
+  Duration last_cooldown_{0};
+};
+
+}  // namespace elastic::discovery

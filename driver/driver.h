@@ -1,0 +1,58 @@
+// The driver: owns membership. It runs discovery, keeps the rendezvous server, launches and
+// watches workers, and decides every round (DESIGN §3, §6).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "discovery/discovery.h"
+
+namespace elastic::driver {
+
+struct DriverOptions {
+  std::vector<std::string> command;  // the worker program and its arguments
+  // Static hosts (-H / --hostfile / localhost), used when there is no discovery script.
+  std::vector<discovery::HostSlots> hosts;
+  std::string discovery_script;
+  Duration discovery_interval = std::chrono::seconds(1);
+  Duration discovery_timeout = std::chrono::seconds(10);
+  size_t discovery_max_output = 1u << 20;
+  int slots_per_host = 1;
+
+  int np = 0;      // size to wait for at start (0: min_np)
+  int min_np = 0;  // 0: np
+  int max_np = 0;  // 0: no cap beyond the slots
+  // Elastic: a failure shrinks the job instead of ending it. On when a discovery script or
+  // --min-np is given.
+  bool elastic = false;
+  Duration elastic_timeout = std::chrono::seconds(600);
+  Duration start_timeout = std::chrono::seconds(600);
+  Duration rendezvous_timeout = std::chrono::seconds(60);
+  int reset_limit = -1;   // -1: unlimited
+  int max_failures = -1;  // -1: unlimited
+  int host_failure_limit = 1;
+  Duration cooldown_min{0}, cooldown_max{0};
+
+  std::string bind_address = "0.0.0.0";
+  int port = 0;
+  std::string driver_address;  // host workers dial; default: 127.0.0.1 for local jobs
+  std::string network_interface;
+  std::string launcher = "ssh";
+  std::string launcher_template;  // e.g. "ip netns exec {host} sh -c {command}"
+  std::string output_dir;
+  std::string event_log;
+  Duration grace = std::chrono::seconds(5);
+};
+
+// Runs the job to its end and returns the process exit code: 0 success; the first failing
+// worker's code (non-elastic); 1 for job-level failures (reset limit, timeout, no hosts);
+// 128+signal when stopped by SIGINT/SIGTERM. The caller must have blocked SIGINT, SIGTERM
+// and SIGCHLD in every thread (BlockDriverSignals) before any thread was started.
+int RunDriver(const DriverOptions& options);
+
+void BlockDriverSignals();
+
+}  // namespace elastic::driver

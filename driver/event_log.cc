@@ -1,0 +1,35 @@
+#include "driver/event_log.h"
+
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+namespace elastic::driver {
+
+EventLog::~EventLog() {
+  if (file_) fclose(file_);
+}
+
+Status EventLog::Open(const std::string& path) {
+  if (path.empty()) return Status::Ok();
+  file_ = fopen(path.c_str(), "a");
+  if (!file_) {
+    return InvalidArgument("cannot open event log '" + path + "': " + strerror(errno));
+  }
+  return Status::Ok();
+}
+
+void EventLog::Write(const std::string& event, const JsonFields& fields) {
+  if (!file_) return;
+  nlohmann::json j;
+  j["ts"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  j["event"] = event;
+  for (const auto& [k, v] : fields) {
+    std::visit([&j, &k](const auto& x) { j[k] = x; }, v);
+  }
+  std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  fwrite(line.data(), 1, line.size(), file_);
+  fflush(file_);
+}
+
+}  // namespace elastic::driver

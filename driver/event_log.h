@@ -1,0 +1,31 @@
+// --event-log: one JSON object per line, each with "ts" (seconds since the epoch, as a
+// float) and "event". Not thread-safe: the driver's loop is its only writer.
+#pragma once
+
+#include <cstdio>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "common/status.h"
+
+namespace elastic::driver {
+
+using JsonValue = std::variant<int64_t, double, bool, std::string, std::vector<std::string>>;
+using JsonFields = std::vector<std::pair<std::string, JsonValue>>;
+
+class EventLog {
+ public:
+  EventLog() = default;
+  ~EventLog();
+  // Opens (appends to) `path`; "" keeps the log off.
+  Status Open(const std::string& path);
+  void Write(const std::string& event, const JsonFields& fields = {});
+
+ private:
+  FILE* file_ = nullptr;
+};
+
+}  // namespace elastic::driver

@@ -1,0 +1,199 @@
+// elastic-run: the command line. All CLI11 parsing lives in this one translation unit.
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "common/logging.h"
+#include "driver/driver.h"
+
+namespace {
+
+constexpr const char* kVersion = "0.1.0";
+
+constexpr const char* kExamples = R"(
+Examples:
+  # 4 workers on this machine
+  elastic-run -np 4 python3 train.py
+
+  # a fixed job on two hosts (over ssh), 4 slots each
+  elastic-run -np 8 -H node1:4,node2:4 ./train
+
+  # elastic: between 2 and 8 workers, on whatever hosts discover.sh prints (host:slots lines)
+  elastic-run --min-np 2 --max-np 8 --host-discovery-script ./discover.sh python3 train.py
+
+  # hosts in network namespaces (or kubectl exec, srun ...) instead of ssh
+  elastic-run -np 2 -H ns1:1,ns2:1 --launcher-template 'ip netns exec {host} sh -c {command}' ./train
+
+Exit status: 0 when every worker finished; a failed worker's status when the job is not
+elastic; 1 when the job failed (reset limit, --min-np timeout, no hosts); 2 for bad arguments;
+127 when the command cannot be found; 128+N when stopped by signal N.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Before any thread exists: the driver receives these through a signalfd.
+  elastic::driver::BlockDriverSignals();
+
+  CLI::App app{"elastic-run: an elastic launcher for distributed training.\n"
+               "Starts and watches worker processes, re-forms the job when hosts come and go,\n"
+               "and keeps training going at whatever size the cluster allows."};
+  app.footer(kExamples);
+  app.set_version_flag("--version", std::string("elastic-run ") + kVersion);
+  app.allow_extras(false);
+  app.prefix_command();  // everything after the first positional is the worker command
+
+  elastic::driver::DriverOptions o;
+  int np = 0, min_np = 0, max_np = 0;
+  std::string host_list, hostfile, log_level;
+  bool verbose = false;
+  double discovery_interval = 1, discovery_timeout = 10, elastic_timeout = 600,
+         start_timeout = 600, rendezvous_timeout = 60, grace = 5;
+  std::vector<double> cooldown;
+
+  app.add_option("-n,--np,--num-proc", np, "Number of workers to start (and wait for at start)");
+  app.add_option("--min-np", min_np, "Fewest workers to keep training with (makes the job elastic)");
+  app.add_option("--max-np", max_np, "Most workers to run at once");
+  app.add_option("-H,--hosts", host_list, "Static hosts: host[:slots],... (default localhost)");
+  app.add_option("--hostfile", hostfile, "File of host[:slots] lines, like discovery output");
+  app.add_option("--host-discovery-script", o.discovery_script,
+                 "Script printing the current hosts, one host[:slots] per line (elastic)");
+  app.add_option("--discovery-interval", discovery_interval, "Seconds between discovery runs")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--discovery-timeout", discovery_timeout, "Seconds before a discovery run is killed")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--slots-per-host", o.slots_per_host, "Slots of a host listed without a count")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--elastic-timeout", elastic_timeout,
+                 "Seconds to wait for hosts when below --min-np before failing");
+  app.add_option("--start-timeout", start_timeout, "Seconds to wait for -np workers at start");
+  app.add_option("--rendezvous-timeout", rendezvous_timeout,
+                 "Seconds a round waits for its members to join before dropping the missing");
+  app.add_option("--reset-limit", o.reset_limit, "Most membership changes (resets) allowed");
+  app.add_option("--max-failures", o.max_failures, "Most worker failures allowed");
+  app.add_option("--host-failure-limit", o.host_failure_limit,
+                 "Failures after which a host is blacklisted (0: never)");
+  app.add_option("--blacklist-cooldown-range", cooldown,
+                 "MIN MAX seconds a blacklisted host is kept out (permanent if absent)")
+      ->expected(2);
+  app.add_option("--port", o.port, "Port of the rendezvous server (0: any free port)")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--driver-address", o.driver_address,
+                 "Address workers use to reach this driver (default: 127.0.0.1 for local jobs)");
+  app.add_option("--network-interface", o.network_interface,
+                 "Interface the workers' collectives bind to (ELASTIC_IFACE)");
+  app.add_option("--launcher", o.launcher, "How remote workers start: ssh")
+      ->check(CLI::IsMember({"ssh"}));
+  app.add_option("--launcher-template", o.launcher_template,
+                 "Command that runs {command} on {host}, e.g. 'kubectl exec {host} -- sh -c {command}'");
+  app.add_option("--output-dir", o.output_dir, "Mirror each slot's stdout/stderr under this folder");
+  app.add_option("--event-log", o.event_log, "Append one JSON line per driver event to this file");
+  app.add_option("--grace-period", grace, "Seconds between SIGTERM and SIGKILL when stopping");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error (or $ELASTIC_LOG_LEVEL)");
+  app.add_flag("-v,--verbose", verbose, "Same as --log-level debug");
+  app.add_option("command", o.command, "The worker program and its arguments")->required();
+
+  // CLI11 takes no multi-letter single-dash names: spell mpirun's `-np` as `--np`. Scanning
+  // stops at the first word that is not an option (the worker command) or at `--`.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--") break;
+    if (args[i] == "-np") args[i] = "--np";
+    if (args[i].empty() || args[i][0] != '-') {
+      if (i == 0 || args[i - 1].empty() || args[i - 1][0] != '-') break;
+    }
+  }
+  std::reverse(args.begin(), args.end());  // CLI11 parses a reversed vector
+  try {
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  auto fail = [](const std::string& m) {
+    std::fprintf(stderr, "elastic-run: %s\nRun with --help for usage.\n", m.c_str());
+    return 2;
+  };
+  if (verbose && log_level.empty()) log_level = "debug";
+  auto logging = elastic::InitLogging(log_level, "driver");
+  if (!logging.ok()) return fail(logging.message());
+
+  if (app.count("--np") && np < 1) return fail("-np must be at least 1 (got " + std::to_string(np) + ")");
+  if (app.count("--min-np") && min_np < 1) return fail("--min-np must be at least 1");
+  if (app.count("--max-np") && max_np < 1) return fail("--max-np must be at least 1");
+  int sources = !host_list.empty() + !hostfile.empty() + !o.discovery_script.empty();
+  if (sources > 1) return fail("give only one of -H, --hostfile and --host-discovery-script");
+  if (!host_list.empty()) {
+    auto hosts = elastic::discovery::ParseHostList(host_list, o.slots_per_host);
+    if (!hosts.ok()) return fail("-H: " + hosts.status().message());
+    o.hosts = *hosts;
+  } else if (!hostfile.empty()) {
+    std::ifstream f(hostfile);
+    if (!f) return fail("cannot read --hostfile '" + hostfile + "'");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    auto hosts = elastic::discovery::ParseHostLines(ss.str(), o.slots_per_host, nullptr);
+    if (!hosts.ok()) return fail("--hostfile " + hostfile + ": " + hosts.status().message());
+    if (hosts->empty()) return fail("--hostfile " + hostfile + " lists no hosts");
+    o.hosts = *hosts;
+  } else if (o.discovery_script.empty()) {
+    o.hosts = {{"localhost", np > 0 ? np : (max_np > 0 ? max_np : (min_np > 0 ? min_np : 1))}};
+  }
+  o.elastic = !o.discovery_script.empty() || app.count("--min-np") > 0;
+  int total = 0;
+  for (const auto& h : o.hosts) total += h.slots;
+  o.np = np > 0 ? np : (min_np > 0 ? min_np : total);
+  o.min_np = min_np > 0 ? min_np : o.np;
+  o.max_np = max_np > 0 ? max_np : (o.elastic ? 0 : o.np);
+  if (o.np < 1) return fail("nothing to run: give -np or --min-np with a discovery script");
+  if (o.max_np > 0 && o.min_np > o.max_np) {
+    return fail("--min-np (" + std::to_string(o.min_np) + ") is above --max-np (" +
+                std::to_string(o.max_np) + ")");
+  }
+  if (o.discovery_script.empty() && total < o.np) {
+    return fail("-np " + std::to_string(o.np) + " needs more slots than the " +
+                std::to_string(total) + " the hosts give");
+  }
+  if (!cooldown.empty()) {
+    if (cooldown[0] < 0 || cooldown[1] < cooldown[0]) {
+      return fail("--blacklist-cooldown-range needs 0 <= MIN <= MAX");
+    }
+    o.cooldown_min = std::chrono::duration_cast<elastic::Duration>(std::chrono::duration<double>(cooldown[0]));
+    o.cooldown_max = std::chrono::duration_cast<elastic::Duration>(std::chrono::duration<double>(cooldown[1]));
+  }
+  auto secs = [](double v) {
+    return std::chrono::duration_cast<elastic::Duration>(std::chrono::duration<double>(v));
+  };
+  o.discovery_interval = secs(discovery_interval);
+  o.discovery_timeout = secs(discovery_timeout);
+  o.elastic_timeout = secs(elastic_timeout);
+  o.start_timeout = secs(start_timeout);
+  o.rendezvous_timeout = secs(rendezvous_timeout);
+  o.grace = secs(grace);
+  // A local command that does not exist is caught here, before anything starts.
+  bool any_local = o.hosts.empty();
+  for (const auto& h : o.hosts) {
+    if (h.host == "localhost" || h.host == "127.0.0.1") any_local = true;
+  }
+  if (any_local && o.launcher_template.empty()) {
+    const std::string& prog = o.command[0];
+    bool found = false;
+    if (prog.find('/') != std::string::npos) {
+      found = access(prog.c_str(), X_OK) == 0;
+    } else {
+      const char* path = std::getenv("PATH");
+      std::stringstream dirs(path ? path : "");
+      std::string dir;
+      while (!found && std::getline(dirs, dir, ':')) found = access((dir + "/" + prog).c_str(), X_OK) == 0;
+    }
+    if (!found) {
+      std::fprintf(stderr, "elastic-run: command not found: %s\n", prog.c_str());
+      return 127;
+    }
+  }
+  return elastic::driver::RunDriver(o);
+}

@@ -1,0 +1,162 @@
+#include "driver/process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <sstream>
+
+extern char** environ;
+
+namespace elastic::driver {
+
+StatusOr<std::string> FindProgram(const std::string& name) {
+  if (name.empty()) return NotFound("empty command");
+  auto executable = [](const std::string& p) {
+    struct stat st;
+    return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(p.c_str(), X_OK) == 0;
+  };
+  if (name.find('/') != std::string::npos) {
+    if (executable(name)) return name;
+    return NotFound("command '" + name + "' does not exist or is not executable");
+  }
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "/usr/local/bin:/usr/bin:/bin");
+  std::string dir;
+  while (std::getline(dirs, dir, ':')) {
+    std::string p = (dir.empty() ? "." : dir) + "/" + name;
+    if (executable(p)) return p;
+  }
+  return NotFound("command '" + name + "' was not found in PATH");
+}
+
+std::string ShellQuote(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                        "0123456789_-./=:,@%+") == std::string::npos) {
+    return s;
+  }
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
+  if (spec.argv.empty()) return InvalidArgument("no command to run");
+  ASSIGN_OR_RETURN(std::string program, FindProgram(spec.argv[0]));
+  int out_pipe[2], err_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0) return Internal(std::string("pipe: ") + strerror(errno));
+  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
+    close(out_pipe[0]);
+    close(out_pipe[1]);
+    return Internal(std::string("pipe: ") + strerror(errno));
+  }
+  // Everything the child needs is built before fork: only async-signal-safe calls after it.
+  std::vector<std::string> env_strings;
+  std::map<std::string, std::string> merged;
+  for (char** e = environ; *e; ++e) {
+    std::string kv(*e);
+    size_t eq = kv.find('=');
+    if (eq != std::string::npos) merged[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& [k, v] : spec.env) merged[k] = v;
+  for (const auto& [k, v] : merged) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp, argv;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = spec.argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t parent = getpid();
+
+  pid_t pid = fork();
+  if (pid < 0) return Internal(std::string("fork: ") + strerror(errno));
+  if (pid == 0) {
+    setpgid(0, 0);
+    if (spec.die_with_driver) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(137);
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    signal(SIGPIPE, SIG_DFL);
+    dup2(out_pipe[1], 1);
+    dup2(err_pipe[1], 2);
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, 0);
+    execve(program.c_str(), argv.data(), envp.data());
+    dprintf(2, "cannot execute %s: %s\n", program.c_str(), strerror(errno));
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also here, so the group exists before the driver signals it
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
+  fcntl(err_pipe[0], F_SETFL, O_NONBLOCK);
+  std::unique_ptr<Process> p(new Process());
+  p->pid_ = pid;
+  p->out_fd_ = out_pipe[0];
+  p->err_fd_ = err_pipe[0];
+  p->pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (p->pidfd_ < 0) {
+    kill(-pid, SIGKILL);
+    return Internal(std::string("pidfd_open: ") + strerror(errno));
+  }
+  return p;
+}
+
+Process::~Process() {
+  CloseStdout();
+  CloseStderr();
+  if (pidfd_ >= 0) close(pidfd_);
+  if (!reaped_ && pid_ > 0) {
+    kill(-pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+}
+
+void Process::CloseStdout() {
+  if (out_fd_ >= 0) close(out_fd_);
+  out_fd_ = -1;
+}
+
+void Process::CloseStderr() {
+  if (err_fd_ >= 0) close(err_fd_);
+  err_fd_ = -1;
+}
+
+void Process::SignalGroup(int sig) const {
+  if (pid_ > 0) kill(-pid_, sig);
+}
+
+bool Process::TryReap(int* code) {
+  if (!reaped_) {
+    int status = 0;
+    pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r != pid_) return false;
+    reaped_ = true;
+    raw_status_ = status;
+  }
+  *code = WIFEXITED(raw_status_) ? WEXITSTATUS(raw_status_) : 128 + WTERMSIG(raw_status_);
+  return true;
+}
+
+std::string Process::DescribeExit() const {
+  if (!reaped_) return "still running";
+  if (WIFEXITED(raw_status_)) return "exit status " + std::to_string(WEXITSTATUS(raw_status_));
+  int sig = WTERMSIG(raw_status_);
+  return "signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
+}
+
+}  // namespace elastic::driver

@@ -1,0 +1,56 @@
+// Worker processes: fork/exec in their own process group, with stdout/stderr pipes and a
+// pidfd the driver's event loop polls for exit.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace elastic::driver {
+
+struct LaunchSpec {
+  std::vector<std::string> argv;              // program and arguments (argv[0] searched in PATH)
+  std::map<std::string, std::string> env;     // added to the driver's environment
+  bool die_with_driver = true;                // PR_SET_PDEATHSIG(SIGKILL) in the child
+};
+
+class Process {
+ public:
+  // Starts the process; NOT_FOUND (exit 127 semantics) when argv[0] cannot be executed.
+  static StatusOr<std::unique_ptr<Process>> Start(const LaunchSpec& spec);
+  ~Process();  // closes the fds; does not kill (the driver decides)
+
+  pid_t pid() const { return pid_; }
+  int stdout_fd() const { return out_fd_; }
+  int stderr_fd() const { return err_fd_; }
+  int pidfd() const { return pidfd_; }
+  void CloseStdout();
+  void CloseStderr();
+  // Sends `sig` to the whole process group. Safe after exit (the group may be gone).
+  void SignalGroup(int sig) const;
+  // Reaps the process if it has exited: true and its code (exit status, or 128+signal).
+  bool TryReap(int* code);
+  bool reaped() const { return reaped_; }
+  // "exit status 3" or "signal 9 (Killed)".
+  std::string DescribeExit() const;
+
+ private:
+  pid_t pid_ = -1;
+  int out_fd_ = -1, err_fd_ = -1, pidfd_ = -1;
+  bool reaped_ = false;
+  int raw_status_ = 0;
+};
+
+// Resolves a program name through PATH as execvp would. NOT_FOUND when it is not there or
+// not executable.
+StatusOr<std::string> FindProgram(const std::string& name);
+
+// Quotes a word for /bin/sh.
+std::string ShellQuote(const std::string& s);
+
+}  // namespace elastic::driver
