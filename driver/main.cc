@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
 #include <fstream>
 #include <sstream>
 
@@ -46,7 +47,6 @@ int main(int argc, char** argv) {
   app.footer(kExamples);
   app.set_version_flag("--version", std::string("elastic-run ") + kVersion);
   app.allow_extras(false);
-  app.prefix_command();  // everything after the first positional is the worker command
 
   elastic::driver::DriverOptions o;
   int np = 0, min_np = 0, max_np = 0;
@@ -96,28 +96,43 @@ int main(int argc, char** argv) {
   app.add_option("--grace-period", grace, "Seconds between SIGTERM and SIGKILL when stopping");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error (or $ELASTIC_LOG_LEVEL)");
   app.add_flag("-v,--verbose", verbose, "Same as --log-level debug");
-  app.add_option("command", o.command, "The worker program and its arguments")->required();
+  std::vector<std::string> command_help;
+  app.add_option("command", command_help,
+                 "The worker program and its arguments (everything after the options)");
 
-  // CLI11 takes no multi-letter single-dash names: spell mpirun's `-np` as `--np`. Scanning
-  // stops at the first word that is not an option (the worker command) or at `--`.
-  std::vector<std::string> args(argv + 1, argv + argc);
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--") break;
-    if (args[i] == "-np") args[i] = "--np";
-    if (args[i].empty() || args[i][0] != '-') {
-      if (i == 0 || args[i - 1].empty() || args[i - 1][0] != '-') break;
+  // The worker command starts at the first word that is neither an option nor an option's
+  // value (or after `--`); only what comes before it is parsed here, so the command's own
+  // flags are never mistaken for ours. CLI11 takes no multi-letter single-dash names, so
+  // mpirun's `-np` is spelled `--np` for it.
+  static const std::set<std::string> kFlags = {"-h", "--help", "--version", "-v", "--verbose"};
+  std::vector<std::string> args;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
     }
+    if (a.empty() || a[0] != '-') break;
+    args.push_back(a == "-np" ? "--np" : a);
+    if (kFlags.count(a) || a.find('=') != std::string::npos) continue;
+    if (app.get_option_no_throw(a == "-np" ? "--np" : a) == nullptr) continue;  // CLI11 reports it
+    int values = a == "--blacklist-cooldown-range" ? 2 : 1;
+    for (int k = 0; k < values && i + 1 < argc; ++k) args.push_back(argv[++i]);
   }
+  for (; i < argc; ++i) o.command.push_back(argv[i]);
   std::reverse(args.begin(), args.end());  // CLI11 parses a reversed vector
   try {
     app.parse(args);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    int code = app.exit(e);  // prints help, version, or the error
+    return code == 0 ? 0 : 2;
   }
   auto fail = [](const std::string& m) {
     std::fprintf(stderr, "elastic-run: %s\nRun with --help for usage.\n", m.c_str());
     return 2;
   };
+  if (o.command.empty()) return fail("no worker command given (e.g. `elastic-run -np 2 ./train`)");
   if (verbose && log_level.empty()) log_level = "debug";
   auto logging = elastic::InitLogging(log_level, "driver");
   if (!logging.ok()) return fail(logging.message());

@@ -134,7 +134,20 @@ void RunAllreduce(const std::shared_ptr<gloo::Context>& ctx, void* data, size_t 
 
 }  // namespace
 
-GlooCommunicator::GlooCommunicator(std::shared_ptr<gloo::Context> ctx, Topology topo,
+void SignalTcpContext(void* tcp_context, const std::string& msg);  // gloo_abort.cc
+
+// Gloo's closeConnections() is graceful: it wakes no pending unbound-buffer wait, and a closed
+// pair no longer sees its peer's EOF. What wakes every wait is the transport context's
+// signalException; this subclass reaches the (protected) transport context.
+class AbortableContext : public gloo::rendezvous::Context {
+ public:
+  using gloo::rendezvous::Context::Context;
+  void SignalAll(const std::string& msg) {
+    if (transportContext_) SignalTcpContext(transportContext_.get(), msg);
+  }
+};
+
+GlooCommunicator::GlooCommunicator(std::shared_ptr<AbortableContext> ctx, Topology topo,
                                    GlooOptions options)
     : ctx_(std::move(ctx)), topo_(topo), options_(std::move(options)) {}
 
@@ -158,7 +171,7 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(RoundStore*
       attr.hostname = options.hostname.empty() ? "127.0.0.1" : options.hostname;
     }
     auto device = gloo::transport::tcp::CreateDevice(attr);
-    auto ctx = std::make_shared<gloo::rendezvous::Context>(topo.rank, topo.size);
+    auto ctx = std::make_shared<AbortableContext>(topo.rank, topo.size);
     ctx->setTimeout(std::chrono::duration_cast<std::chrono::milliseconds>(options.connect_timeout));
     std::vector<std::string> all;
     for (int i = 0; i < topo.size; ++i) {
@@ -318,9 +331,9 @@ void GlooCommunicator::Abort() {
   std::lock_guard<std::mutex> g(abort_mu_);
   if (!ctx_) return;
   try {
-    ctx_->closeConnections();
+    ctx_->SignalAll("aborted: a peer of this round is gone");
   } catch (const std::exception&) {
-    // Closing pairs that already failed may throw; the flag above is what later calls check.
+    // Signalling pairs that already failed may throw; the flag above is what later calls check.
   }
 }
 

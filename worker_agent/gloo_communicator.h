@@ -16,6 +16,8 @@ class Context;
 
 namespace elastic::worker_agent {
 
+class AbortableContext;
+
 struct Topology {
   int rank = 0;
   int size = 1;
@@ -57,11 +59,11 @@ class GlooCommunicator : public Communicator {
   void Abort() override;
 
  private:
-  GlooCommunicator(std::shared_ptr<gloo::Context> ctx, Topology topo, GlooOptions options);
+  GlooCommunicator(std::shared_ptr<AbortableContext> ctx, Topology topo, GlooOptions options);
   template <typename Fn>
   void Guard(const char* what, Fn&& fn);
 
-  std::shared_ptr<gloo::Context> ctx_;
+  std::shared_ptr<AbortableContext> ctx_;
   Topology topo_;
   GlooOptions options_;
   std::vector<char> fusion_;  // the fusion buffer, grown on first use up to fusion_bytes

@@ -1,0 +1,87 @@
+"""Helpers for the end-to-end tests: run elastic-run, wait for output lines, check processes."""
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+
+class Job:
+    """elastic-run in the background; its output lines are collected as they come."""
+
+    def __init__(self, args, env=None, cwd=None):
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=env, cwd=cwd, start_new_session=True)
+        self.lines = []
+        self.cond = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            with self.cond:
+                self.lines.append(line.rstrip("\n"))
+                self.cond.notify_all()
+        with self.cond:
+            self.cond.notify_all()
+
+    def wait_for(self, pattern, count=1, timeout=60):
+        """Waits until `count` lines match `pattern`; returns the matches."""
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                found = [m for m in (rx.search(l) for l in self.lines) if m]
+                if len(found) >= count:
+                    return found
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self.reader.is_alive()):
+                    raise AssertionError(
+                        f"wanted {count} line(s) matching {pattern!r}; output:\n" + self.text())
+                self.cond.wait(min(left, 0.5))
+
+    def wait(self, timeout=120):
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise AssertionError("elastic-run did not finish in time; output:\n" + self.text())
+        self.reader.join(10)
+        return rc
+
+    def text(self):
+        return "\n".join(self.lines)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def run(args, timeout=120, env=None):
+    """Runs elastic-run to its end; returns (exit code, output)."""
+    p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout, env=env)
+    return p.returncode, p.stdout
+
+
+def pid_alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pids, timeout=15):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if pid_alive(p)]
+        if not alive:
+            return []
+        time.sleep(0.05)
+    return [p for p in pids if pid_alive(p)]
