@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -15,6 +16,7 @@
 #include "common/common.h"
 #include "rendezvous/client.h"
 #include "rendezvous/types.h"
+#include "state/state.h"
 #include "worker_agent/gloo_communicator.h"
 
 namespace elastic {
@@ -86,5 +88,12 @@ class Agent {
 // The process-wide agent: created and joined to round 0 on first call (DESIGN §4 Init()).
 // Prints a clear message and exits 2 when not run under elastic-run.
 Agent& Init(AgentOptions options = {});
+
+// Runs `train` until it returns, recovering from membership changes (DESIGN §4): a lost peer
+// (WorkerLostError) rolls `state` back to its last commit; an announced change (HostsUpdated,
+// raised by state.Commit()) re-forms at that commit. After each new round the state is
+// Reset() for the new rank and size, and synced from rank 0 when the driver says a member
+// lacks the committed state. A worker the driver scales away exits 0.
+void Run(State& state, const std::function<void(State&)>& train, AgentOptions options = {});
 
 }  // namespace elastic

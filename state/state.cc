@@ -1,0 +1,85 @@
+#include "state/state.h"
+
+#include <stdexcept>
+
+namespace elastic {
+
+void State::Commit() {
+  Save();
+  if (commit_hook_) commit_hook_();
+}
+
+void State::Reset(int rank, int size) {
+  OnTopology(rank, size);
+  for (auto& cb : reset_callbacks_) cb();
+}
+
+void ObjectState::OnTopology(int rank, int size) {
+  for (auto* s : samplers_) s->SetRank(rank, size);
+}
+
+void ObjectState::Register(const std::string& name, Serializer serializer) {
+  Entry e;
+  e.serializer = std::move(serializer);
+  e.committed = e.serializer.save();
+  entries_[name] = std::move(e);
+}
+
+void ObjectState::Track(const std::string& name, void* data, size_t bytes) {
+  Tracked t{data, bytes, std::vector<char>(bytes)};
+  std::memcpy(t.committed.data(), data, bytes);
+  tracked_[name] = std::move(t);
+}
+
+void ObjectState::AddSampler(const std::string& name, ElasticSampler* sampler) {
+  samplers_.push_back(sampler);
+  Register(name, Serializer{[sampler] { return sampler->Serialize(); },
+                            [sampler](const std::string& s) { return sampler->Deserialize(s); }});
+}
+
+void ObjectState::Save() {
+  for (auto& [name, e] : entries_) e.committed = e.serializer.save();
+  for (auto& [name, t] : tracked_) std::memcpy(t.committed.data(), t.data, t.bytes);
+}
+
+void ObjectState::Restore() {
+  for (auto& [name, e] : entries_) {
+    Status s = e.serializer.load(e.committed);
+    if (!s.ok()) throw std::runtime_error("restoring '" + name + "': " + s.ToString());
+  }
+  for (auto& [name, t] : tracked_) std::memcpy(t.data, t.committed.data(), t.bytes);
+}
+
+void ObjectState::Sync(Communicator& comm, int root) {
+  // Named values travel as one length-prefixed blob; tracked buffers are broadcast in place.
+  std::string blob;
+  if (comm.rank() == root) {
+    for (auto& [name, e] : entries_) {
+      std::string v = e.serializer.save();
+      uint64_t n = v.size();
+      blob.append(reinterpret_cast<const char*>(&n), sizeof n);
+      blob += v;
+    }
+  }
+  uint64_t size = blob.size();
+  comm.Broadcast(&size, sizeof size, root);
+  blob.resize(size);
+  comm.Broadcast(blob.data(), blob.size(), root);
+  if (comm.rank() != root) {
+    size_t off = 0;
+    for (auto& [name, e] : entries_) {
+      uint64_t n = 0;
+      if (off + sizeof n > blob.size()) throw std::runtime_error("sync: state blob too short");
+      std::memcpy(&n, blob.data() + off, sizeof n);
+      off += sizeof n;
+      if (off + n > blob.size()) throw std::runtime_error("sync: state blob too short");
+      Status s = e.serializer.load(blob.substr(off, n));
+      if (!s.ok()) throw std::runtime_error("sync of '" + name + "': " + s.ToString());
+      off += n;
+    }
+  }
+  for (auto& [name, t] : tracked_) comm.Broadcast(t.data, t.bytes, root);
+  Save();
+}
+
+}  // namespace elastic
