@@ -181,6 +181,7 @@ class Driver : public rendezvous::Listener {
   TimePoint wait_until_ = TimePoint::max();   // waiting for --min-np until
   TimePoint recovery_start_{};                // when the current recovery was detected
   bool recovering_ = false;
+  bool round_broken_ = false;                 // a member of the newest round is gone
   bool first_commit_logged_ = true;
   bool started_ = false;                      // round 0 formed
   std::vector<HostSlots> last_listed_;        // the last good host set, as listed
@@ -374,7 +375,8 @@ void Driver::Replan(const std::string& reason) {
     return;
   }
   wait_until_ = TimePoint::max();
-  if (plan == members_ && round_ >= 0) return;  // nothing to change
+  if (plan == members_ && round_ >= 0 && !round_broken_) return;  // nothing to change
+  round_broken_ = false;
   if (round_ >= 0) {
     if (opts_.reset_limit >= 0 && resets_ >= opts_.reset_limit) {
       Terminate(1, "reset limit reached (" + std::to_string(opts_.reset_limit) +
@@ -505,6 +507,7 @@ void Driver::HandleExit(Worker& w, int code) {
   }
   spdlog::warn("{}; recovering", what);
   w.dropped = true;
+  round_broken_ = true;
   recovery_start_ = SteadyClock::now();
   recovering_ = true;
   log_.Write("worker_lost", {{"slot", w.slot}, {"rank", rank}, {"phase", "detect"}});
@@ -612,6 +615,7 @@ void Driver::HandlePosted(Posted& p) {
         ++failures_;
         hosts_.RecordFailure(w.host);
       }
+      round_broken_ = true;
       members_.erase(std::remove_if(members_.begin(), members_.end(),
                                     [&](const std::string& s) {
                                       return std::find(p.slots.begin(), p.slots.end(), s) != p.slots.end();
@@ -748,11 +752,12 @@ void Driver::Loop() {
     if (!shutting_down_ && now >= wait_until_) {
       wait_until_ = TimePoint::max();
       bool none = hosts_.Available().empty();
-      Terminate(1, none ? "no hosts left: discovery lists no usable host"
-                        : std::string("timed out waiting for ") +
-                              (started_ ? "--min-np " + std::to_string(opts_.min_np)
-                                        : "-np " + std::to_string(opts_.np)) +
-                              " workers");
+      std::string what = std::string("timed out waiting for ") +
+                         (started_ ? "--min-np " + std::to_string(opts_.min_np)
+                                   : "-np " + std::to_string(opts_.np)) +
+                         " workers";
+      Terminate(1, none ? "no hosts left (every listed host is gone or blacklisted); " + what
+                        : what);
     }
     if (!shutting_down_ && now >= hosts_.NextCooldownEnd()) Replan("a blacklist cooldown ended");
   }

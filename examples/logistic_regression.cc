@@ -88,6 +88,7 @@ Dataset Generate(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines reach elastic-run as they happen
   Options o = Parse(argc, argv);
   Dataset data = Generate(o);
   const int D = o.features;

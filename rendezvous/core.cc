@@ -196,7 +196,9 @@ WaiterId Core::JoinAsync(const std::string& slot, int64_t last_round, TimePoint 
       out.push_back([done] {
         done(InvalidArgument("slot name is empty, too long or has spaces or control bytes"));
       });
-    } else if (formed_round_ > last_round && formed_members_.count(slot)) {
+    } else if (formed_round_ > last_round && formed_members_.count(slot) && proposed_.round < 0) {
+      // The current round already includes the slot (a retried Join). With a newer round
+      // pending the slot waits for that one instead: it may be a relaunched process.
       JoinResult r;
       r.assignment = formed_members_.at(slot);
       out.push_back([done, r] { done(r); });

@@ -217,6 +217,9 @@ Agent& Init(AgentOptions options) {
   static std::unique_ptr<Agent> agent;
   static std::once_flag once;
   std::call_once(once, [&] {
+    // Worker logs go to stderr, so the training program's stdout stays its own.
+    Status logging = InitLogging("", "worker");
+    if (!logging.ok()) std::fprintf(stderr, "elastic: %s\n", logging.message().c_str());
     auto env = WorkerEnv::FromEnvironment();
     if (!env.ok()) {
       std::fprintf(stderr, "elastic: %s\n", env.status().message().c_str());

@@ -52,6 +52,14 @@ std::map<std::string, Assignment> Members(const std::vector<std::string>& slots)
 
 TimePoint Far(Core& core) { return core.clock()->Now() + seconds(30); }
 
+// Waits (bounded, in real time) until `n` calls are parked in the core.
+bool WaitPending(Core& core, size_t n) {
+  for (int i = 0; i < 2000 && core.pending_waiters() < n; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return core.pending_waiters() >= n;
+}
+
 // Forms `round` with `slots` (every slot joining from a thread) and returns the assignments.
 std::vector<JoinResult> FormRound(Core& core, int64_t round, const std::vector<std::string>& slots,
                                   int64_t last_round) {
@@ -134,6 +142,7 @@ TEST_CASE("Join ends at its deadline, and missing members are reported", "[unit]
   TimePoint join_deadline = clock.Now() + seconds(20);
   auto join = std::async(std::launch::async,
                          [&] { return core.Join("a:0", -1, join_deadline); });
+  REQUIRE(WaitPending(core, 1));
   clock.Advance(seconds(11));
   REQUIRE(listener.WaitTimeout());
   {
@@ -204,6 +213,7 @@ TEST_CASE("store: set, multi-key wait, timeout, scope drop", "[unit]") {
     REQUIRE(core.Set(0, "k", "v").ok());
     TimePoint deadline = clock.Now() + seconds(30);
     auto waiting = std::async(std::launch::async, [&] { return core.Get(0, {"never"}, deadline); });
+    REQUIRE(WaitPending(core, 1));
     CHECK(core.stored_keys() == 1);
     FormRound(core, 1, {"a:0"}, 0);
     CHECK(waiting.get().status().code() == Code::kAborted);

@@ -1,0 +1,262 @@
+"""Elasticity end to end: real processes under elastic-run, discovery through a file the test
+rewrites, the C++ logistic-regression example as the training program."""
+import collections
+import glob
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from helpers import Job, run
+
+FINAL = re.compile(r"final: (\d+) steps, loss ([\d.]+), w\[0..3\] = (.*)$", re.M)
+
+
+@pytest.fixture(scope="module")
+def example(build_dir):
+    return str(build_dir / "examples" / "logistic_regression")
+
+
+@pytest.fixture(scope="module")
+def baseline(elastic_run, example):
+    """The fault-free result (the model does not depend on the number of workers)."""
+    rc, out = run([elastic_run, "-np", "2", example, "--epochs", "6"])
+    assert rc == 0, out
+    return FINAL.search(out).group(0)
+
+
+class Discovery:
+    """A discovery script that prints a file; the test rewrites the file."""
+
+    def __init__(self, tmp_path, hosts):
+        self.file = tmp_path / "hosts.txt"
+        self.script = tmp_path / "discover.sh"
+        self.script.write_text(f"#!/bin/sh\ncat {self.file}\n")
+        self.script.chmod(0o755)
+        self.set(hosts)
+
+    def set(self, hosts):
+        tmp = self.file.with_suffix(".tmp")
+        tmp.write_text(hosts + "\n")
+        os.replace(tmp, self.file)
+
+
+def events(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(l) for l in f if l.strip()]
+
+
+def wait_event(path, pred, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for e in events(path):
+            if pred(e):
+                return e
+        time.sleep(0.05)
+    raise AssertionError(f"no matching event in {path}: {events(path)[-10:]}")
+
+
+def worker_pid(log, slot):
+    starts = [e for e in events(log) if e["event"] == "worker_started" and e["slot"] == slot]
+    return starts[-1]["pid"]
+
+
+def check_exactly_once(prefix, samples, epochs):
+    """Every index of every epoch consumed by exactly one committed step."""
+    by_step = collections.defaultdict(list)  # (epoch, step) -> [(round, indices)]
+    for path in glob.glob(prefix + ".*"):
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                epoch, step, rnd = int(parts[0]), int(parts[1]), int(parts[2])
+                idx = [int(x) for x in parts[4].split(",")] if len(parts) > 4 else []
+                by_step[(epoch, step)].append((rnd, idx))
+    consumed = collections.defaultdict(list)
+    for (epoch, step), entries in by_step.items():
+        newest = max(r for r, _ in entries)  # a re-run of a rolled-back step supersedes it
+        for r, idx in entries:
+            if r == newest:
+                consumed[epoch].extend(idx)
+    assert sorted(consumed) == list(range(epochs))
+    for epoch in range(epochs):
+        counts = collections.Counter(consumed[epoch])
+        twice = [i for i, c in counts.items() if c > 1]
+        missing = set(range(samples)) - set(counts)
+        assert not twice and not missing, (epoch, twice[:10], sorted(missing)[:10])
+
+
+def test_kill_a_worker_survivors_recover_with_the_fault_free_result(
+        elastic_run, example, baseline, tmp_path):
+    log = str(tmp_path / "events.jsonl")
+    job = Job([elastic_run, "-np", "4", "--min-np", "2", "--event-log", log, example,
+               "--epochs", "6", "--step-ms", "10"])
+    try:
+        job.wait_for(r"epoch 0 done")
+        os.kill(worker_pid(log, "localhost:2"), signal.SIGKILL)
+        assert job.wait() == 0, job.text()
+        assert baseline in job.text()
+        formed = [e for e in events(log) if e["event"] == "round_formed"]
+        assert formed[-1]["members"] == ["localhost:0", "localhost:1", "localhost:3"]
+        phases = {e["phase"] for e in events(log) if e["event"] == "recovery_phase"}
+        assert {"fence", "rendezvous", "first_step"} <= phases
+    finally:
+        job.kill()
+
+
+def test_hosts_added_and_removed_through_discovery(elastic_run, example, baseline, tmp_path):
+    log = str(tmp_path / "events.jsonl")
+    disc = Discovery(tmp_path, "localhost:2")
+    job = Job([elastic_run, "--min-np", "2", "--max-np", "4", "--host-discovery-script",
+               str(disc.script), "--event-log", log, example, "--epochs", "6", "--step-ms", "10"])
+    try:
+        job.wait_for(r"epoch 0 done")
+        disc.set("localhost:4")
+        wait_event(log, lambda e: e["event"] == "round_formed" and len(e["members"]) == 4)
+        disc.set("localhost:3")
+        removed = wait_event(log, lambda e: e["event"] == "worker_exited"
+                             and e["slot"] == "localhost:3")
+        assert removed["code"] == 0
+        assert job.wait() == 0, job.text()
+        assert baseline in job.text()
+        formed = [e for e in events(log) if e["event"] == "round_formed"]
+        assert [len(e["members"]) for e in formed] == [2, 4, 3]
+    finally:
+        job.kill()
+
+
+def test_exactly_once_under_kills_additions_and_removals(elastic_run, example, tmp_path):
+    log = str(tmp_path / "events.jsonl")
+    ledger = str(tmp_path / "ledger")
+    disc = Discovery(tmp_path, "localhost:3")
+    job = Job([elastic_run, "--min-np", "2", "--max-np", "4", "--host-discovery-script",
+               str(disc.script), "--host-failure-limit", "0", "--event-log", log, example,
+               "--epochs", "4", "--step-ms", "10", "--commit-every", "3", "--ledger", ledger])
+    try:
+        job.wait_for(r"epoch 0 done")
+        os.kill(worker_pid(log, "localhost:1"), signal.SIGKILL)     # kill
+        wait_event(log, lambda e: e["event"] == "round_formed" and e["round"] >= 1)
+        disc.set("localhost:4")                                        # add
+        wait_event(log, lambda e: e["event"] == "round_formed" and len(e["members"]) == 4)
+        disc.set("localhost:2")                                        # remove
+        wait_event(log, lambda e: e["event"] == "round_formed" and len(e["members"]) == 2)
+        assert job.wait() == 0, job.text()
+    finally:
+        job.kill()
+    check_exactly_once(ledger, samples=4096, epochs=4)
+
+
+def test_below_min_np_waits_then_goes_on(elastic_run, example, baseline, tmp_path):
+    log = str(tmp_path / "events.jsonl")
+    disc = Discovery(tmp_path, "localhost:1")
+    job = Job([elastic_run, "--min-np", "2", "--host-discovery-script", str(disc.script),
+               "--event-log", log, example, "--epochs", "6"])
+    try:
+        wait_event(log, lambda e: e["event"] == "waiting_for_hosts")
+        disc.set("localhost:2")
+        assert job.wait() == 0, job.text()
+        assert baseline in job.text()
+    finally:
+        job.kill()
+
+
+def test_below_min_np_times_out_with_a_message(elastic_run, example, tmp_path):
+    log = str(tmp_path / "events.jsonl")
+    job = Job([elastic_run, "-np", "2", "--min-np", "2", "--elastic-timeout", "1",
+               "--event-log", log, example, "--epochs", "100", "--step-ms", "10"])
+    try:
+        job.wait_for(r"epoch 0 done")
+        os.kill(worker_pid(log, "localhost:1"), signal.SIGKILL)
+        assert job.wait() == 1, job.text()
+        assert "timed out waiting for --min-np 2 workers" in job.text()
+    finally:
+        job.kill()
+
+
+def test_start_timeout_when_hosts_never_come(elastic_run, example, tmp_path):
+    disc = Discovery(tmp_path, "localhost:1")
+    rc, out = run([elastic_run, "--min-np", "2", "--start-timeout", "1",
+                   "--host-discovery-script", str(disc.script), example])
+    assert rc == 1, out
+    assert "timed out waiting for -np 2 workers" in out
+
+
+def test_reset_limit_fails_the_job(elastic_run, example, tmp_path):
+    log = str(tmp_path / "events.jsonl")
+    job = Job([elastic_run, "-np", "3", "--min-np", "2", "--reset-limit", "0",
+               "--event-log", log, example, "--epochs", "100", "--step-ms", "10"])
+    try:
+        job.wait_for(r"epoch 0 done")
+        os.kill(worker_pid(log, "localhost:2"), signal.SIGKILL)
+        assert job.wait() == 1, job.text()
+        assert "reset limit reached" in job.text()
+    finally:
+        job.kill()
+
+
+def test_blacklisted_host_comes_back_after_its_cooldown(elastic_run, example, baseline, tmp_path):
+    log = str(tmp_path / "events.jsonl")
+    disc = Discovery(tmp_path, "localhost:3")
+    job = Job([elastic_run, "--min-np", "2", "--host-discovery-script", str(disc.script),
+               "--blacklist-cooldown-range", "0.5", "1", "--event-log", log, example,
+               "--epochs", "8", "--step-ms", "10"])
+    try:
+        job.wait_for(r"epoch 0 done")
+        os.kill(worker_pid(log, "localhost:2"), signal.SIGKILL)
+        wait_event(log, lambda e: e["event"] == "host_blacklisted")
+        back = wait_event(log, lambda e: e["event"] == "round_proposed"
+                          and e["reason"] == "a blacklist cooldown ended")
+        assert len(back["members"]) == 3
+        assert job.wait() == 0, job.text()
+        assert baseline in job.text()
+    finally:
+        job.kill()
+
+
+BAD_SCRIPTS = {
+    "fail": "echo 'cloud API down' >&2; exit 3",
+    "hang": "sleep 1000",
+    "garbage": "echo 'this is not a host list!'",
+    "huge": "head -c 10000000 /dev/zero | tr '\\0' 'a'",
+}
+
+
+@pytest.mark.parametrize("mode", list(BAD_SCRIPTS) + ["deleted"])
+def test_bad_discovery_script_keeps_the_last_good_hosts(elastic_run, example, baseline,
+                                                        tmp_path, mode):
+    log = str(tmp_path / "events.jsonl")
+    mode_file = tmp_path / "mode"
+    mode_file.write_text("good")
+    script = tmp_path / "discover.sh"
+    cases = "".join(f"  {m}) {body} ;;\n" for m, body in BAD_SCRIPTS.items())
+    script.write_text(f"#!/bin/sh\ncase $(cat {mode_file}) in\n{cases}"
+                      f"  *) echo localhost:2 ;;\nesac\n")
+    script.chmod(0o755)
+    job = Job([elastic_run, "--min-np", "2", "--host-discovery-script", str(script),
+               "--discovery-timeout", "1", "--event-log", log, example, "--epochs", "6",
+               "--step-ms", "10"])
+    try:
+        job.wait_for(r"epoch 0 done")
+        if mode == "deleted":
+            script.unlink()
+        else:
+            mode_file.write_text(mode)
+        wait_event(log, lambda e: e["event"] == "discovery" and not e["ok"])
+        assert job.wait() == 0, job.text()
+        assert baseline in job.text()
+        assert "keeping the last good host set" in job.text()
+    finally:
+        job.kill()
+
+
+def test_first_discovery_failure_is_fatal_and_shows_stderr(elastic_run, example, tmp_path):
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho 'no credentials for the cloud API' >&2\nexit 4\n")
+    script.chmod(0o755)
+    rc, out = run([elastic_run, "--min-np", "1", "--host-discovery-script", str(script), example])
+    assert rc == 1, out
+    assert "no credentials for the cloud API" in out and "exited with status 4" in out
