@@ -670,7 +670,8 @@ void Driver::Loop() {
     }
     TimePoint now = SteadyClock::now();
     TimePoint next = std::min({kill_at_, wait_until_, now + std::chrono::seconds(1)});
-    if (!shutting_down_) next = std::min(next, hosts_.NextCooldownEnd());
+    const TimePoint cooldown_end = hosts_.NextCooldownEnd();
+    if (!shutting_down_) next = std::min(next, cooldown_end);
     int timeout_ms = static_cast<int>(std::max<int64_t>(
         0, std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1));
     int n = poll(fds.data(), fds.size(), timeout_ms);
@@ -759,7 +760,7 @@ void Driver::Loop() {
       Terminate(1, none ? "no hosts left (every listed host is gone or blacklisted); " + what
                         : what);
     }
-    if (!shutting_down_ && now >= hosts_.NextCooldownEnd()) Replan("a blacklist cooldown ended");
+    if (!shutting_down_ && now >= cooldown_end) Replan("a blacklist cooldown ended");
   }
 }
 

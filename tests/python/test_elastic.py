@@ -203,7 +203,7 @@ def test_blacklisted_host_comes_back_after_its_cooldown(elastic_run, example, ba
     disc = Discovery(tmp_path, "localhost:3")
     job = Job([elastic_run, "--min-np", "2", "--host-discovery-script", str(disc.script),
                "--blacklist-cooldown-range", "0.5", "1", "--event-log", log, example,
-               "--epochs", "8", "--step-ms", "10"])
+               "--epochs", "6", "--step-ms", "10"])
     try:
         job.wait_for(r"epoch 0 done")
         os.kill(worker_pid(log, "localhost:2"), signal.SIGKILL)
