@@ -1,0 +1,53 @@
+// The training program of recovery_bench: allreduce steps on a 16 MiB model, a commit after
+// every step, until the file named by argv[1] exists. Rank 0 prints JSON lines with wall-clock
+// timestamps: {"event": "train_start"|"step", "round": R, "size": N, "ts": T}.
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "state/state.h"
+#include "worker_agent/worker_agent.h"
+
+using namespace elastic;
+
+namespace {
+double Now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string stop_file = argc > 1 ? argv[1] : "/nonexistent";
+  ObjectState state;
+  std::vector<float> model(4u << 20, 0.0f);  // 16 MiB
+  std::vector<float> grad(model.size());
+  int64_t step = 0;
+  state.Track("model", model.data(), model.size() * sizeof(float));
+  state.Register("step", &step);
+  Run(state, [&](State&) {
+    Agent& agent = Init();
+    Communicator& c = agent.comm();
+    if (c.rank() == 0) {
+      std::printf("{\"event\": \"train_start\", \"round\": %lld, \"size\": %d, \"ts\": %.6f}\n",
+                  static_cast<long long>(agent.assignment().round), c.size(), Now());
+      std::fflush(stdout);
+    }
+    struct stat st;
+    while (stat(stop_file.c_str(), &st) != 0) {
+      std::fill(grad.begin(), grad.end(), 1.0f);
+      c.Allreduce(grad.data(), grad.size(), DataType::kF32, ReduceOp::kAvg);
+      for (size_t i = 0; i < model.size(); i += 1024) model[i] -= 0.01f * grad[i];
+      ++step;
+      if (c.rank() == 0) {
+        std::printf("{\"event\": \"step\", \"round\": %lld, \"size\": %d, \"ts\": %.6f}\n",
+                    static_cast<long long>(agent.assignment().round), c.size(), Now());
+        std::fflush(stdout);
+      }
+      state.Commit();
+    }
+  });
+  return 0;
+}
