@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -76,7 +77,7 @@ bool IsLocalHost(const std::string& host) {
 
 // Events posted to the loop by other threads.
 struct Posted {
-  enum Kind { kRoundFormed, kJoinTimeout, kReport, kWatchClosed, kDiscovery };
+  enum Kind { kRoundFormed, kJoinTimeout, kReport, kWatchOpened, kWatchClosed, kDiscovery };
   explicit Posted(Kind k, int64_t r = -1) : kind(k), round(r) {}
   Kind kind;
   int64_t round = -1;
@@ -96,6 +97,7 @@ struct Worker {
   bool finished = false;  // reported FINISHED
   bool ever_joined = false;
   std::string label;      // output prefix: its rank
+  TimePoint lost_at = TimePoint::max();  // remote: Watch broke; lost unless it exits by then
 };
 
 class Driver : public rendezvous::Listener {
@@ -118,6 +120,11 @@ class Driver : public rendezvous::Listener {
   void OnReport(const rendezvous::Report& r) override {
     Posted p{Posted::kReport};
     p.report = r;
+    Post(std::move(p));
+  }
+  void OnWatchOpened(const std::string& slot) override {
+    Posted p{Posted::kWatchOpened};
+    p.slots = {slot};
     Post(std::move(p));
   }
   void OnWatchClosed(const std::string& slot) override {
@@ -545,6 +552,12 @@ void Driver::HandleReport(const rendezvous::Report& r) {
       if (!first_commit_logged_ && r.round == formed_) {
         first_commit_logged_ = true;
         if (recovering_) {
+          // The worker's own phases (durations) ride on its first commit report.
+          double rebuild = 0, sync = 0;
+          if (std::sscanf(r.message.c_str(), "rebuild=%lf sync=%lf", &rebuild, &sync) == 2) {
+            log_.Write("recovery_phase", {{"phase", "rebuild"}, {"duration", rebuild}});
+            log_.Write("recovery_phase", {{"phase", "sync"}, {"duration", sync}});
+          }
           log_.Write("recovery_phase", {{"phase", "first_step"},
                                         {"seconds", Secs(SteadyClock::now() - recovery_start_)}});
           recovering_ = false;
@@ -627,12 +640,17 @@ void Driver::HandlePosted(Posted& p) {
     case Posted::kReport: HandleReport(p.report); break;
     case Posted::kWatchClosed: {
       auto it = workers_.find(p.slots[0]);
-      // A remote worker whose stream breaks while its launcher runs is lost (host gone).
-      if (it != workers_.end() && !it->second.local && it->second.proc &&
-          !it->second.proc->reaped() && !shutting_down_) {
-        spdlog::warn("lost contact with slot {}; killing its launcher", p.slots[0]);
-        it->second.proc->SignalGroup(SIGKILL);
+      // A remote worker whose stream breaks while its launcher runs may be lost (host gone):
+      // unless the launcher exits (or the stream re-opens) within a moment, it is killed.
+      if (it != workers_.end() && !it->second.local && !it->second.finished &&
+          it->second.proc && !it->second.proc->reaped() && !shutting_down_) {
+        it->second.lost_at = SteadyClock::now() + std::chrono::seconds(3);
       }
+      break;
+    }
+    case Posted::kWatchOpened: {
+      auto it = workers_.find(p.slots[0]);
+      if (it != workers_.end()) it->second.lost_at = TimePoint::max();
       break;
     }
     case Posted::kDiscovery: HandleDiscovery(p); break;
@@ -670,6 +688,9 @@ void Driver::Loop() {
     }
     TimePoint now = SteadyClock::now();
     TimePoint next = std::min({kill_at_, wait_until_, now + std::chrono::seconds(1)});
+    for (auto& [slot, w] : workers_) {
+      if (w.proc && !w.proc->reaped()) next = std::min(next, w.lost_at);
+    }
     const TimePoint cooldown_end = hosts_.NextCooldownEnd();
     if (!shutting_down_) next = std::min(next, cooldown_end);
     int timeout_ms = static_cast<int>(std::max<int64_t>(
@@ -761,6 +782,14 @@ void Driver::Loop() {
                         : what);
     }
     if (!shutting_down_ && now >= cooldown_end) Replan("a blacklist cooldown ended");
+    for (auto& [slot, w] : workers_) {
+      if (w.proc && !w.proc->reaped() && now >= w.lost_at && !shutting_down_) {
+        spdlog::warn("lost contact with slot {}; killing its launcher", slot);
+        log_.Write("worker_lost", {{"slot", slot}, {"reason", "watch stream broke"}});
+        w.lost_at = TimePoint::max();
+        w.proc->SignalGroup(SIGKILL);
+      }
+    }
   }
 }
 

@@ -164,7 +164,9 @@ StatusOr<bool> Agent::JoinNextRound() {
                               assignment_.local_rank, assignment_.local_size,
                               assignment_.cross_rank, assignment_.cross_size};
   auto store = worker_agent::MakeRpcRoundStore(client_.get(), assignment_.round);
+  TimePoint rebuild_start = SteadyClock::now();
   auto comm = worker_agent::GlooCommunicator::Create(store.get(), topo, options_.gloo);
+  last_rebuild_ = SteadyClock::now() - rebuild_start;
   if (!comm.ok()) return comm.status().WithContext("round " + std::to_string(assignment_.round));
   std::lock_guard<std::mutex> g(comm_mu_);
   comm_ = std::move(comm).value();
@@ -205,8 +207,9 @@ void Agent::SendReport(rendezvous::ReportKind kind, int64_t step, int64_t epoch,
   if (!s.ok()) spdlog::warn("report to the driver failed: {}", s.ToString());
 }
 
-void Agent::ReportCommitted(int64_t step, int64_t epoch, int64_t cursor) {
-  SendReport(rendezvous::ReportKind::kCommitted, step, epoch, cursor, "");
+void Agent::ReportCommitted(int64_t step, int64_t epoch, int64_t cursor,
+                            const std::string& message) {
+  SendReport(rendezvous::ReportKind::kCommitted, step, epoch, cursor, message);
 }
 void Agent::ReportFinished() { SendReport(rendezvous::ReportKind::kFinished, 0, 0, 0, ""); }
 void Agent::ReportFailed(const std::string& message) {

@@ -20,20 +20,29 @@ namespace {
 void Run(State& state, const std::function<void(State&)>& train, AgentOptions options) {
   Agent& agent = Init(options);
   // The first commit of each round is reported: the driver's event log times recovery by it.
+  // It carries the worker-side recovery phases: communicator rebuild and state sync.
   int64_t reported_round = -1;
   int64_t commits = 0;
-  state.SetCommitHook([&agent, &reported_round, &commits] {
+  Duration sync_time{0};
+  state.SetCommitHook([&agent, &reported_round, &commits, &sync_time] {
     ++commits;
     if (reported_round != agent.assignment().round) {
       reported_round = agent.assignment().round;
-      agent.ReportCommitted(commits, 0, 0);
+      agent.ReportCommitted(commits, 0, 0,
+                            "rebuild=" + std::to_string(std::chrono::duration<double>(agent.last_rebuild()).count()) +
+                                " sync=" + std::to_string(std::chrono::duration<double>(sync_time).count()));
     }
     agent.CheckHostUpdates();
   });
   state.Reset(agent.assignment().rank, agent.assignment().size);
   while (true) {
     try {
-      if (agent.assignment().sync_required) state.Sync(agent.comm(), 0);
+      sync_time = Duration::zero();
+      if (agent.assignment().sync_required) {
+        TimePoint t0 = SteadyClock::now();
+        state.Sync(agent.comm(), 0);
+        sync_time = SteadyClock::now() - t0;
+      }
       train(state);
       agent.ReportFinished();
       return;

@@ -61,7 +61,10 @@ class Agent {
   void CheckHostUpdates();
 
   // Best-effort reports to the driver (failures are logged, not fatal).
-  void ReportCommitted(int64_t step, int64_t epoch, int64_t cursor);
+  void ReportCommitted(int64_t step, int64_t epoch, int64_t cursor,
+                       const std::string& message = "");
+  // How long building the communicator of the current round took.
+  Duration last_rebuild() const { return last_rebuild_; }
   void ReportFinished();
   void ReportFailed(const std::string& message);
 
@@ -83,6 +86,7 @@ class Agent {
   std::mutex comm_mu_;  // guards comm_ against Abort from the Watch thread
   std::unique_ptr<worker_agent::GlooCommunicator> comm_;  // guarded by comm_mu_ when replaced
   std::thread watch_;
+  Duration last_rebuild_{0};
 };
 
 // The process-wide agent: created and joined to round 0 on first call (DESIGN §4 Init()).

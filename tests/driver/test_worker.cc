@@ -7,6 +7,7 @@
 //                      the others print "lost detected rank R" on WorkerLostError and exit 0
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +20,26 @@
 using namespace elastic;
 
 namespace {
+
+uint16_t ToHalf(float f) {  // exact for the small integers used here
+  int e;
+  float m = std::frexp(f, &e);
+  return static_cast<uint16_t>(((e - 1 + 15) << 10) | std::lround((m * 2 - 1) * 1024));
+}
+double FromHalf(uint16_t h) {
+  return std::ldexp(1.0 + (h & 0x3ff) / 1024.0, ((h >> 10) & 0x1f) - 15);
+}
+uint16_t ToBf16(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return static_cast<uint16_t>(b >> 16);
+}
+double FromBf16(uint16_t h) {
+  uint32_t b = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
 
 int Collectives(Communicator& c) {
   for (DataType dt : {DataType::kF32, DataType::kF64, DataType::kI32, DataType::kI64}) {
@@ -54,6 +75,25 @@ int Collectives(Communicator& c) {
                        ReduceOpName(op), i, got, want[i]);
           return 1;
         }
+      }
+    }
+  }
+  // 16-bit floats: small integers are exact in both formats.
+  for (DataType dt : {DataType::kF16, DataType::kBF16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax}) {
+      float v = static_cast<float>(2 * (c.rank() + 1));
+      std::vector<uint16_t> buf(64, dt == DataType::kF16 ? ToHalf(v) : ToBf16(v));
+      c.Allreduce(buf.data(), buf.size(), dt, op);
+      double n = c.size();
+      double want = op == ReduceOp::kSum ? n * (n + 1)
+                    : op == ReduceOp::kAvg ? n + 1
+                    : op == ReduceOp::kMin ? 2
+                                           : 2 * n;
+      double got = dt == DataType::kF16 ? FromHalf(buf[63]) : FromBf16(buf[63]);
+      if (std::abs(got - want) > want * 0.01) {
+        std::fprintf(stderr, "mismatch %s %s: %f != %f\n", DataTypeName(dt), ReduceOpName(op),
+                     got, want);
+        return 1;
       }
     }
   }

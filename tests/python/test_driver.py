@@ -106,3 +106,12 @@ def test_help_and_version(elastic_run):
     assert rc == 0 and "Examples:" in out and "--host-discovery-script" in out
     rc, out = run([elastic_run, "--version"], timeout=30)
     assert rc == 0 and out.startswith("elastic-run ")
+
+
+def test_template_launcher_runs_remote_slots(elastic_run, test_worker, tmp_path):
+    # 127.0.0.2 is not this host's name, so its slots go through the remote path: the command
+    # line with cd, env and quoting that ssh or kubectl would run, here through plain sh.
+    rc, out = run([elastic_run, "-np", "2", "-H", "127.0.0.2:2", "--driver-address", "127.0.0.1",
+                   "--launcher-template", "sh -c {command}", test_worker, "collectives"])
+    assert rc == 0, out
+    assert "[1]<stdout>:collectives ok rank 1 of 2" in out
