@@ -37,7 +37,7 @@ TEST_CASE("discovery output: a bad line is an error naming the line", "[unit]") 
   CHECK(hosts.status().message().find(needle) != std::string::npos);
 }
 
-TEST_CASE("-H host lists", "[unit]") {
+TEST_CASE("host lists given with -H", "[unit]") {
   auto hosts = ParseHostList("a:2,b,c:1", 4);
   REQUIRE(hosts.ok());
   CHECK(*hosts == std::vector<HostSlots>{{"a", 2}, {"b", 4}, {"c", 1}});
