@@ -4,7 +4,8 @@
 #
 #   scripts/test.sh            # build in ./build and test
 #   BUILD_DIR=/tmp/b scripts/test.sh
-#   ELASTIC_ASAN=1 scripts/test.sh   # the same under AddressSanitizer (build-asan/)
+#   ELASTIC_ASAN=1 scripts/test.sh   # everything under AddressSanitizer (build-asan/)
+#   ELASTIC_SKIP_ASAN=1 scripts/test.sh  # skip the AddressSanitizer pass of the rendezvous tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -34,5 +35,16 @@ if [ -d tests/python ] && ls tests/python/test_*.py >/dev/null 2>&1; then
   echo "== pytest"
   ELASTIC_BUILD_DIR="$BUILD_DIR" PYTHONPATH="$BUILD_DIR/python:$ROOT/python${PYTHONPATH:+:$PYTHONPATH}" \
     /usr/bin/python3 -m pytest -q tests/python
+fi
+# The gRPC service, its core and client once more under AddressSanitizer (and LeakSanitizer):
+# every waiting call ends, nothing leaks.
+if [ "${ELASTIC_ASAN:-0}" != "1" ] && [ "${ELASTIC_SKIP_ASAN:-0}" != "1" ]; then
+  echo "== AddressSanitizer: rendezvous tests"
+  ASAN_DIR=${BUILD_DIR%/}-asan
+  mkdir -p "$ASAN_DIR"
+  cmake -S . -B "$ASAN_DIR" "${CMAKE_ARGS[@]}" -DELASTIC_ASAN=ON -DELASTIC_BUILD_BENCH=OFF \
+    >"$ASAN_DIR/configure.log" 2>&1 || { cat "$ASAN_DIR/configure.log"; exit 1; }
+  cmake --build "$ASAN_DIR" -j "$JOBS" --target rendezvous_test
+  "$ASAN_DIR/tests/rendezvous_test"
 fi
 echo "== all tests passed"
