@@ -10,7 +10,6 @@
 
 using namespace elastic;
 
-
 namespace {
 
 int ItersFor(size_t bytes) {
@@ -38,12 +37,12 @@ int main(int argc, char** argv) {
   for (int a = 1; a < argc; ++a) {
     size_t bytes = std::strtoull(argv[a], nullptr, 10);
     std::vector<float> buf(bytes / 4, 1.0f);
-    double s = TimeIt(c, ItersFor(bytes), [&] {
-      c.Allreduce(buf.data(), buf.size(), DataType::kF32, ReduceOp::kSum);
-    });
+    double s = TimeIt(c, ItersFor(bytes),
+                      [&] { c.Allreduce(buf.data(), buf.size(), DataType::kF32, ReduceOp::kSum); });
     if (c.rank() == 0) {
-      std::printf("{\"impl\": \"elastic\", \"what\": \"allreduce\", \"bytes\": %zu, \"seconds\": %.9f}\n",
-                  bytes, s);
+      std::printf(
+          "{\"impl\": \"elastic\", \"what\": \"allreduce\", \"bytes\": %zu, \"seconds\": %.9f}\n",
+          bytes, s);
       std::fflush(stdout);
     }
   }
@@ -53,8 +52,9 @@ int main(int argc, char** argv) {
   for (auto& t : tensors) views.push_back({t.data(), t.size(), DataType::kF32});
   double fused = TimeIt(c, 20, [&] { c.AllreduceMany(views, ReduceOp::kSum); });
   if (c.rank() == 0) {
-    std::printf("{\"impl\": \"elastic\", \"what\": \"1000x4KiB\", \"bytes\": %d, \"seconds\": %.9f}\n",
-                1000 * 4096, fused);
+    std::printf(
+        "{\"impl\": \"elastic\", \"what\": \"1000x4KiB\", \"bytes\": %d, \"seconds\": %.9f}\n",
+        1000 * 4096, fused);
   }
   return 0;
 }

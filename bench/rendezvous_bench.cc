@@ -128,8 +128,8 @@ Result RunOnce(int n) {
   struct rusage ru {};
   int status = 0;
   wait4(pid, &status, 0, &ru);
-  r.server_cpu = ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
-                 (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+  r.server_cpu =
+      ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
   return r;
 }
 
@@ -145,8 +145,8 @@ int main(int argc, char** argv) {
               "server CPU", "failures");
   for (int n : sizes) {
     Result r = RunOnce(n);
-    std::printf("%8d %12.3f s %14.1f MiB %10.2f s %10d\n", n, r.seconds,
-                r.server_peak_kib / 1024.0, r.server_cpu, r.failures);
+    std::printf("%8d %12.3f s %14.1f MiB %10.2f s %10d\n", n, r.seconds, r.server_peak_kib / 1024.0,
+                r.server_cpu, r.failures);
     std::fflush(stdout);
   }
   return 0;

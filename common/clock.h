@@ -41,7 +41,7 @@ class FakeClock : public Clock {
 
  private:
   mutable std::mutex mu_;
-  TimePoint now_;                            // guarded by mu_
+  TimePoint now_;                           // guarded by mu_
   std::set<std::condition_variable*> cvs_;  // guarded by mu_: waiters to wake on Advance
 };
 

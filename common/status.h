@@ -60,7 +60,9 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status InvalidArgument(std::string m) { return Status(Code::kInvalidArgument, std::move(m)); }
+inline Status InvalidArgument(std::string m) {
+  return Status(Code::kInvalidArgument, std::move(m));
+}
 inline Status NotFound(std::string m) { return Status(Code::kNotFound, std::move(m)); }
 inline Status FailedPrecondition(std::string m) {
   return Status(Code::kFailedPrecondition, std::move(m));
@@ -75,7 +77,9 @@ inline Status ResourceExhausted(std::string m) {
 }
 inline Status Cancelled(std::string m) { return Status(Code::kCancelled, std::move(m)); }
 inline Status Aborted(std::string m) { return Status(Code::kAborted, std::move(m)); }
-inline Status Unauthenticated(std::string m) { return Status(Code::kUnauthenticated, std::move(m)); }
+inline Status Unauthenticated(std::string m) {
+  return Status(Code::kUnauthenticated, std::move(m));
+}
 
 // Holds either a value or a non-OK Status. Accessing value() of an error is a programmer error.
 template <typename T>
@@ -120,9 +124,9 @@ Status FromGrpc(const grpc::Status& status);
 #define ELASTIC_CONCAT_INNER(a, b) a##b
 #define ELASTIC_CONCAT(a, b) ELASTIC_CONCAT_INNER(a, b)
 
-#define RETURN_IF_ERROR(expr)                         \
-  do {                                                \
-    ::elastic::Status _elastic_status = (expr);       \
+#define RETURN_IF_ERROR(expr)                          \
+  do {                                                 \
+    ::elastic::Status _elastic_status = (expr);        \
     if (!_elastic_status.ok()) return _elastic_status; \
   } while (0)
 

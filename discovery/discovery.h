@@ -33,11 +33,11 @@ StatusOr<std::vector<HostSlots>> ParseHostLines(const std::string& text, int def
 StatusOr<std::vector<HostSlots>> ParseHostList(const std::string& list, int default_slots);
 
 struct ScriptResult {
-  int exit_code = 0;    // 128+signal when killed
+  int exit_code = 0;  // 128+signal when killed
   bool timed_out = false;
   bool truncated = false;  // output over the cap
   std::string out;
-  std::string err;      // the last few KiB of stderr
+  std::string err;  // the last few KiB of stderr
 };
 
 // Runs `script` (through /bin/sh -c when it has spaces, else directly) in its own process
@@ -53,10 +53,10 @@ StatusOr<std::vector<HostSlots>> Discover(const std::string& script, Duration ti
 
 struct HostTableOptions {
   Clock* clock = RealClock();
-  int failure_limit = 1;        // failures before a host is blacklisted; 0 disables
-  Duration cooldown_min{0};     // both zero: a blacklisted host never comes back
+  int failure_limit = 1;     // failures before a host is blacklisted; 0 disables
+  Duration cooldown_min{0};  // both zero: a blacklisted host never comes back
   Duration cooldown_max{0};
-  uint64_t seed = 0;            // jitter
+  uint64_t seed = 0;  // jitter
 };
 
 struct HostChange {

@@ -82,8 +82,8 @@ StatusOr<std::vector<HostSlots>> ParseHostLines(const std::string& text, int def
     Status s = ParseOne(item, default_slots, &h);
     if (!s.ok()) {
       std::string shown = line.size() > 80 ? line.substr(0, 80) + "..." : line;
-      return InvalidArgument("line " + std::to_string(number) + " ('" + shown + "'): " +
-                             s.message());
+      return InvalidArgument("line " + std::to_string(number) + " ('" + shown +
+                             "'): " + s.message());
     }
     Merge(&hosts, h, warnings);
     if (hosts.size() > kMaxHosts) return InvalidArgument("more than 65536 hosts");
@@ -159,7 +159,8 @@ bool HostTable::RecordFailure(const std::string& host) {
   double base = std::chrono::duration<double>(options_.cooldown_min).count();
   double cap = std::chrono::duration<double>(options_.cooldown_max).count();
   double backoff = std::min(cap, base * std::pow(2.0, e.times_blacklisted - 1));
-  std::uniform_real_distribution<double> jitter(backoff, std::max(backoff, std::min(cap, backoff * 1.5)));
+  std::uniform_real_distribution<double> jitter(backoff,
+                                                std::max(backoff, std::min(cap, backoff * 1.5)));
   double secs = jitter(rng_);
   last_cooldown_ = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(secs));
   e.until = options_.clock->Now() + last_cooldown_;
@@ -185,7 +186,8 @@ TimePoint HostTable::NextCooldownEnd() const {
   TimePoint next = TimePoint::max();
   TimePoint now = options_.clock->Now();
   for (const auto& [name, e] : hosts_) {
-    if (e.blacklisted && e.until != TimePoint::max() && e.until > now) next = std::min(next, e.until);
+    if (e.blacklisted && e.until != TimePoint::max() && e.until > now)
+      next = std::min(next, e.until);
   }
   return next;
 }

@@ -46,7 +46,8 @@ StatusOr<ScriptResult> RunScript(const std::string& script, Duration timeout, si
   int open_fds = 2;
   char buf[65536];
   while (open_fds > 0) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
     if (left.count() <= 0) {
       r.timed_out = true;
       break;
@@ -90,9 +91,10 @@ StatusOr<std::vector<HostSlots>> Discover(const std::string& script, Duration ti
   ASSIGN_OR_RETURN(ScriptResult r, RunScript(script, timeout, max_output));
   std::string err = r.err.empty() ? "" : "; its stderr: " + r.err;
   if (r.timed_out) {
-    return DeadlineExceeded("discovery script '" + script + "' did not finish within " +
-                            std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) +
-                            " ms and was killed" + err);
+    return DeadlineExceeded(
+        "discovery script '" + script + "' did not finish within " +
+        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) +
+        " ms and was killed" + err);
   }
   if (r.truncated) {
     return ResourceExhausted("discovery script '" + script + "' printed more than " +

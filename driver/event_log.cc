@@ -22,7 +22,8 @@ Status EventLog::Open(const std::string& path) {
 void EventLog::Write(const std::string& event, const JsonFields& fields) {
   if (!file_) return;
   nlohmann::json j;
-  j["ts"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  j["ts"] =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   j["event"] = event;
   for (const auto& [k, v] : fields) {
     std::visit([&j, &k](const auto& x) { j[k] = x; }, v);

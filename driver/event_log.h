@@ -2,8 +2,8 @@
 // float) and "event". Not thread-safe: the driver's loop is its only writer.
 #pragma once
 
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <variant>

@@ -1,12 +1,11 @@
 // elastic-run: the command line. All CLI11 parsing lives in this one translation unit.
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
-
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
-#include <set>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "common/logging.h"
@@ -41,9 +40,10 @@ int main(int argc, char** argv) {
   // Before any thread exists: the driver receives these through a signalfd.
   elastic::driver::BlockDriverSignals();
 
-  CLI::App app{"elastic-run: an elastic launcher for distributed training.\n"
-               "Starts and watches worker processes, re-forms the job when hosts come and go,\n"
-               "and keeps training going at whatever size the cluster allows."};
+  CLI::App app{
+      "elastic-run: an elastic launcher for distributed training.\n"
+      "Starts and watches worker processes, re-forms the job when hosts come and go,\n"
+      "and keeps training going at whatever size the cluster allows."};
   app.footer(kExamples);
   app.set_version_flag("--version", std::string("elastic-run ") + kVersion);
   app.allow_extras(false);
@@ -52,12 +52,13 @@ int main(int argc, char** argv) {
   int np = 0, min_np = 0, max_np = 0;
   std::string host_list, hostfile, log_level;
   bool verbose = false;
-  double discovery_interval = 1, discovery_timeout = 10, elastic_timeout = 600,
-         start_timeout = 600, rendezvous_timeout = 60, grace = 5;
+  double discovery_interval = 1, discovery_timeout = 10, elastic_timeout = 600, start_timeout = 600,
+         rendezvous_timeout = 60, grace = 5;
   std::vector<double> cooldown;
 
   app.add_option("-n,--np,--num-proc", np, "Number of workers to start (and wait for at start)");
-  app.add_option("--min-np", min_np, "Fewest workers to keep training with (makes the job elastic)");
+  app.add_option("--min-np", min_np,
+                 "Fewest workers to keep training with (makes the job elastic)");
   app.add_option("--max-np", max_np, "Most workers to run at once");
   app.add_option("-H,--hosts", host_list, "Static hosts: host[:slots],... (default localhost)");
   app.add_option("--hostfile", hostfile, "File of host[:slots] lines, like discovery output");
@@ -65,7 +66,8 @@ int main(int argc, char** argv) {
                  "Script printing the current hosts, one host[:slots] per line (elastic)");
   app.add_option("--discovery-interval", discovery_interval, "Seconds between discovery runs")
       ->check(CLI::PositiveNumber);
-  app.add_option("--discovery-timeout", discovery_timeout, "Seconds before a discovery run is killed")
+  app.add_option("--discovery-timeout", discovery_timeout,
+                 "Seconds before a discovery run is killed")
       ->check(CLI::PositiveNumber);
   app.add_option("--slots-per-host", o.slots_per_host, "Slots of a host listed without a count")
       ->check(CLI::Range(1, 4096));
@@ -89,12 +91,15 @@ int main(int argc, char** argv) {
                  "Interface the workers' collectives bind to (ELASTIC_IFACE)");
   app.add_option("--launcher", o.launcher, "How remote workers start: ssh")
       ->check(CLI::IsMember({"ssh"}));
-  app.add_option("--launcher-template", o.launcher_template,
-                 "Command that runs {command} on {host}, e.g. 'kubectl exec {host} -- sh -c {command}'");
-  app.add_option("--output-dir", o.output_dir, "Mirror each slot's stdout/stderr under this folder");
+  app.add_option(
+      "--launcher-template", o.launcher_template,
+      "Command that runs {command} on {host}, e.g. 'kubectl exec {host} -- sh -c {command}'");
+  app.add_option("--output-dir", o.output_dir,
+                 "Mirror each slot's stdout/stderr under this folder");
   app.add_option("--event-log", o.event_log, "Append one JSON line per driver event to this file");
   app.add_option("--grace-period", grace, "Seconds between SIGTERM and SIGKILL when stopping");
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error (or $ELASTIC_LOG_LEVEL)");
+  app.add_option("--log-level", log_level,
+                 "trace, debug, info, warn, error (or $ELASTIC_LOG_LEVEL)");
   app.add_flag("-v,--verbose", verbose, "Same as --log-level debug");
   std::vector<std::string> command_help;
   app.add_option("command", command_help,
@@ -137,7 +142,8 @@ int main(int argc, char** argv) {
   auto logging = elastic::InitLogging(log_level, "driver");
   if (!logging.ok()) return fail(logging.message());
 
-  if (app.count("--np") && np < 1) return fail("-np must be at least 1 (got " + std::to_string(np) + ")");
+  if (app.count("--np") && np < 1)
+    return fail("-np must be at least 1 (got " + std::to_string(np) + ")");
   if (app.count("--min-np") && min_np < 1) return fail("--min-np must be at least 1");
   if (app.count("--max-np") && max_np < 1) return fail("--max-np must be at least 1");
   int sources = !host_list.empty() + !hostfile.empty() + !o.discovery_script.empty();
@@ -177,8 +183,10 @@ int main(int argc, char** argv) {
     if (cooldown[0] < 0 || cooldown[1] < cooldown[0]) {
       return fail("--blacklist-cooldown-range needs 0 <= MIN <= MAX");
     }
-    o.cooldown_min = std::chrono::duration_cast<elastic::Duration>(std::chrono::duration<double>(cooldown[0]));
-    o.cooldown_max = std::chrono::duration_cast<elastic::Duration>(std::chrono::duration<double>(cooldown[1]));
+    o.cooldown_min =
+        std::chrono::duration_cast<elastic::Duration>(std::chrono::duration<double>(cooldown[0]));
+    o.cooldown_max =
+        std::chrono::duration_cast<elastic::Duration>(std::chrono::duration<double>(cooldown[1]));
   }
   auto secs = [](double v) {
     return std::chrono::duration_cast<elastic::Duration>(std::chrono::duration<double>(v));
@@ -203,7 +211,8 @@ int main(int argc, char** argv) {
       const char* path = std::getenv("PATH");
       std::stringstream dirs(path ? path : "");
       std::string dir;
-      while (!found && std::getline(dirs, dir, ':')) found = access((dir + "/" + prog).c_str(), X_OK) == 0;
+      while (!found && std::getline(dirs, dir, ':'))
+        found = access((dir + "/" + prog).c_str(), X_OK) == 0;
     }
     if (!found) {
       std::fprintf(stderr, "elastic-run: command not found: %s\n", prog.c_str());

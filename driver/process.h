@@ -14,9 +14,9 @@
 namespace elastic::driver {
 
 struct LaunchSpec {
-  std::vector<std::string> argv;              // program and arguments (argv[0] searched in PATH)
-  std::map<std::string, std::string> env;     // added to the driver's environment
-  bool die_with_driver = true;                // PR_SET_PDEATHSIG(SIGKILL) in the child
+  std::vector<std::string> argv;           // program and arguments (argv[0] searched in PATH)
+  std::map<std::string, std::string> env;  // added to the driver's environment
+  bool die_with_driver = true;             // PR_SET_PDEATHSIG(SIGKILL) in the child
 };
 
 class Process {

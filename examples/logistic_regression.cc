@@ -38,14 +38,22 @@ Options Parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
-    if (k == "--samples") o.samples = std::atoll(v.c_str());
-    else if (k == "--features") o.features = std::atoi(v.c_str());
-    else if (k == "--epochs") o.epochs = std::atoll(v.c_str());
-    else if (k == "--global-batch") o.global_batch = std::atoi(v.c_str());
-    else if (k == "--lr") o.lr = std::atof(v.c_str());
-    else if (k == "--commit-every") o.commit_every = std::atoi(v.c_str());
-    else if (k == "--step-ms") o.step_ms = std::atoi(v.c_str());
-    else if (k == "--ledger") o.ledger = v;
+    if (k == "--samples")
+      o.samples = std::atoll(v.c_str());
+    else if (k == "--features")
+      o.features = std::atoi(v.c_str());
+    else if (k == "--epochs")
+      o.epochs = std::atoll(v.c_str());
+    else if (k == "--global-batch")
+      o.global_batch = std::atoi(v.c_str());
+    else if (k == "--lr")
+      o.lr = std::atof(v.c_str());
+    else if (k == "--commit-every")
+      o.commit_every = std::atoi(v.c_str());
+    else if (k == "--step-ms")
+      o.step_ms = std::atoi(v.c_str());
+    else if (k == "--ledger")
+      o.ledger = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       std::exit(2);
@@ -67,7 +75,9 @@ struct Dataset {
 Dataset Generate(const Options& o) {
   std::mt19937_64 rng(1234);
   auto uniform = [&rng] { return (static_cast<double>(rng() >> 11) + 0.5) / 9007199254740992.0; };
-  auto normal = [&] { return std::sqrt(-2 * std::log(uniform())) * std::cos(6.283185307179586 * uniform()); };
+  auto normal = [&] {
+    return std::sqrt(-2 * std::log(uniform())) * std::cos(6.283185307179586 * uniform());
+  };
   std::vector<double> w_true(o.features);
   for (int j = 0; j < o.features; ++j) w_true[j] = (j % 2 ? 1.0 : -1.0) * (1.0 + j % 3);
   Dataset d;

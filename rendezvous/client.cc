@@ -63,9 +63,8 @@ StatusOr<JoinResult> Client::Join(const std::string& slot, int64_t last_round, D
   req.set_slot(slot);
   req.set_last_round(last_round);
   v1::JoinResponse resp;
-  Status s = Retry(SteadyClock::now() + timeout, [&](grpc::ClientContext* ctx) {
-    return stub_->stub->Join(ctx, req, &resp);
-  });
+  Status s = Retry(SteadyClock::now() + timeout,
+                   [&](grpc::ClientContext* ctx) { return stub_->stub->Join(ctx, req, &resp); });
   if (!s.ok()) return s;
   JoinResult r;
   r.removed = resp.removed();
@@ -79,9 +78,8 @@ Status Client::Set(int64_t round, const std::string& key, const std::string& val
   req.set_key(key);
   req.set_value(value);
   v1::SetResponse resp;
-  return Retry(SteadyClock::now() + options_.call_timeout, [&](grpc::ClientContext* ctx) {
-    return stub_->stub->Set(ctx, req, &resp);
-  });
+  return Retry(SteadyClock::now() + options_.call_timeout,
+               [&](grpc::ClientContext* ctx) { return stub_->stub->Set(ctx, req, &resp); });
 }
 
 StatusOr<std::vector<std::string>> Client::Get(int64_t round, const std::vector<std::string>& keys,
@@ -107,9 +105,8 @@ Status Client::SendReport(const Report& report) {
   v1::ReportRequest req;
   ToProto(report, &req);
   v1::ReportResponse resp;
-  return Retry(SteadyClock::now() + options_.call_timeout, [&](grpc::ClientContext* ctx) {
-    return stub_->stub->Report(ctx, req, &resp);
-  });
+  return Retry(SteadyClock::now() + options_.call_timeout,
+               [&](grpc::ClientContext* ctx) { return stub_->stub->Report(ctx, req, &resp); });
 }
 
 Status Client::Watch(const std::string& slot, const std::function<void(const Event&)>& on_event,

@@ -27,10 +27,12 @@ void Core::Shutdown() {
     shutdown_ = true;
     std::vector<WaiterId> ids;
     for (auto& [id, w] : joins_) ids.push_back(id);
-    for (WaiterId id : ids) CompleteJoin(id, Unavailable("the rendezvous server is shutting down"), &out);
+    for (WaiterId id : ids)
+      CompleteJoin(id, Unavailable("the rendezvous server is shutting down"), &out);
     ids.clear();
     for (auto& [id, w] : gets_) ids.push_back(id);
-    for (WaiterId id : ids) CompleteGet(id, Unavailable("the rendezvous server is shutting down"), &out);
+    for (WaiterId id : ids)
+      CompleteGet(id, Unavailable("the rendezvous server is shutting down"), &out);
     cv_.notify_all();
   }
   for (auto& c : out) c();
@@ -114,8 +116,9 @@ void Core::TryForm(std::vector<Completion>* out) {
   std::vector<WaiterId> stale;
   for (auto& [id, w] : gets_) stale.push_back(id);
   for (WaiterId id : stale) {
-    CompleteGet(id, Aborted("round " + std::to_string(gets_.at(id).round) +
-                            " was superseded by round " + std::to_string(formed_round_)),
+    CompleteGet(id,
+                Aborted("round " + std::to_string(gets_.at(id).round) +
+                        " was superseded by round " + std::to_string(formed_round_)),
                 out);
   }
   store_.clear();
@@ -147,9 +150,8 @@ void Core::CompleteJoin(WaiterId id, StatusOr<JoinResult> result, std::vector<Co
   if (by_slot != join_by_slot_.end() && by_slot->second == id) join_by_slot_.erase(by_slot);
   auto done = std::move(it->second.done);
   joins_.erase(it);
-  out->push_back([done = std::move(done), result = std::move(result)]() mutable {
-    done(std::move(result));
-  });
+  out->push_back(
+      [done = std::move(done), result = std::move(result)]() mutable { done(std::move(result)); });
 }
 
 void Core::CompleteGet(WaiterId id, StatusOr<Values> result, std::vector<Completion>* out) {
@@ -179,9 +181,8 @@ void Core::CompleteGet(WaiterId id, StatusOr<Values> result, std::vector<Complet
   }
   auto done = std::move(it->second.done);
   gets_.erase(it);
-  out->push_back([done = std::move(done), result = std::move(result)]() mutable {
-    done(std::move(result));
-  });
+  out->push_back(
+      [done = std::move(done), result = std::move(result)]() mutable { done(std::move(result)); });
 }
 
 WaiterId Core::JoinAsync(const std::string& slot, int64_t last_round, TimePoint deadline,
@@ -340,7 +341,8 @@ WaiterId Core::GetAsync(int64_t round, std::vector<std::string> keys, TimePoint 
         for (const auto& k : keys) {
           if (store_.count(k) == 0 && seen.insert(k).second) key_waiters_[k].push_back(id);
         }
-        gets_.emplace(id, GetWaiter{round, std::move(keys), seen.size(), deadline, std::move(done)});
+        gets_.emplace(id,
+                      GetWaiter{round, std::move(keys), seen.size(), deadline, std::move(done)});
         deadlines_.emplace(deadline, id);
         Wake();
       }
@@ -386,8 +388,9 @@ void Core::ExpireDue(std::vector<Completion>* out, std::vector<std::string>* mis
   while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
     WaiterId id = deadlines_.begin()->second;
     if (joins_.count(id)) {
-      CompleteJoin(id, DeadlineExceeded("no round including slot " + joins_.at(id).slot +
-                                        " was formed before the deadline"),
+      CompleteJoin(id,
+                   DeadlineExceeded("no round including slot " + joins_.at(id).slot +
+                                    " was formed before the deadline"),
                    out);
     } else if (gets_.count(id)) {
       CompleteGet(id, DeadlineExceeded("keys did not all appear before the deadline"), out);
@@ -413,7 +416,8 @@ void Core::TimerLoop() {
     // Bounded so that no wait is computed from TimePoint::max().
     TimePoint next = options_.clock->Now() + std::chrono::hours(1);
     if (!deadlines_.empty()) next = std::min(next, deadlines_.begin()->first);
-    if (proposed_.round >= 0 && !proposed_.timeout_reported) next = std::min(next, proposed_.deadline);
+    if (proposed_.round >= 0 && !proposed_.timeout_reported)
+      next = std::min(next, proposed_.deadline);
     uint64_t gen = generation_;
     options_.clock->WaitUntil(lock, cv_, next, [&] { return shutdown_ || generation_ != gen; });
     if (shutdown_) break;

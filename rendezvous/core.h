@@ -136,22 +136,22 @@ class Core {
   EventHub events_;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;  // wakes the timer thread
-  bool shutdown_ = false;       // guarded by mu_
-  uint64_t generation_ = 0;     // guarded by mu_; bumped when deadlines change
-  WaiterId next_id_ = 1;        // guarded by mu_
-  std::map<WaiterId, JoinWaiter> joins_;                 // guarded by mu_
+  std::condition_variable cv_;            // wakes the timer thread
+  bool shutdown_ = false;                 // guarded by mu_
+  uint64_t generation_ = 0;               // guarded by mu_; bumped when deadlines change
+  WaiterId next_id_ = 1;                  // guarded by mu_
+  std::map<WaiterId, JoinWaiter> joins_;  // guarded by mu_
   std::unordered_map<std::string, WaiterId> join_by_slot_;  // guarded by mu_
-  std::map<WaiterId, GetWaiter> gets_;                   // guarded by mu_
-  std::multimap<TimePoint, WaiterId> deadlines_;         // guarded by mu_
-  Proposal proposed_;                                    // guarded by mu_ (round -1: none)
-  int64_t latest_proposed_ = -1;                         // guarded by mu_
-  int64_t formed_round_ = -1;                            // guarded by mu_
-  std::map<std::string, Assignment> formed_members_;     // guarded by mu_
-  std::set<std::string> removed_;                        // guarded by mu_
+  std::map<WaiterId, GetWaiter> gets_;                      // guarded by mu_
+  std::multimap<TimePoint, WaiterId> deadlines_;            // guarded by mu_
+  Proposal proposed_;                                       // guarded by mu_ (round -1: none)
+  int64_t latest_proposed_ = -1;                            // guarded by mu_
+  int64_t formed_round_ = -1;                               // guarded by mu_
+  std::map<std::string, Assignment> formed_members_;        // guarded by mu_
+  std::set<std::string> removed_;                           // guarded by mu_
   // The formed round's store, and who waits on which key.
   std::unordered_map<std::string, std::shared_ptr<const std::string>> store_;  // guarded by mu_
-  size_t store_bytes_ = 0;                                                      // guarded by mu_
+  size_t store_bytes_ = 0;                                                     // guarded by mu_
   std::unordered_map<std::string, std::vector<WaiterId>> key_waiters_;         // guarded by mu_
   std::thread timer_;
 };

@@ -43,11 +43,11 @@ class EventHub {
   };
   const size_t max_per_slot_;
   mutable std::mutex mu_;
-  bool closed_ = false;                                  // guarded by mu_
-  uint64_t next_id_ = 1;                                 // guarded by mu_
-  std::map<uint64_t, Sub> subs_;                         // guarded by mu_
-  std::unordered_map<std::string, size_t> per_slot_;     // guarded by mu_
-  std::unordered_map<std::string, Event> last_event_;    // guarded by mu_
+  bool closed_ = false;                                // guarded by mu_
+  uint64_t next_id_ = 1;                               // guarded by mu_
+  std::map<uint64_t, Sub> subs_;                       // guarded by mu_
+  std::unordered_map<std::string, size_t> per_slot_;   // guarded by mu_
+  std::unordered_map<std::string, Event> last_event_;  // guarded by mu_
 };
 
 }  // namespace elastic::rendezvous

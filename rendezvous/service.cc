@@ -25,7 +25,8 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
 
 class RendezvousService : public v1::Rendezvous::CallbackService {
  public:
-  RendezvousService(Core* core, ServerOptions options) : core_(core), options_(std::move(options)) {}
+  RendezvousService(Core* core, ServerOptions options)
+      : core_(core), options_(std::move(options)) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
                                  v1::JoinResponse* resp) override;
@@ -35,8 +36,7 @@ class RendezvousService : public v1::Rendezvous::CallbackService {
                                 v1::GetResponse* resp) override;
   grpc::ServerWriteReactor<v1::Event>* Watch(grpc::CallbackServerContext* ctx,
                                              const v1::WatchRequest* req) override;
-  grpc::ServerUnaryReactor* Report(grpc::CallbackServerContext* ctx,
-                                   const v1::ReportRequest* req,
+  grpc::ServerUnaryReactor* Report(grpc::CallbackServerContext* ctx, const v1::ReportRequest* req,
                                    v1::ReportResponse* resp) override;
 
   Core* core() const { return core_; }
@@ -202,12 +202,12 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::Event> {
   uint64_t sub_id_ = 0;
   std::atomic<int> refs_{2};
   std::mutex mu_;
-  std::deque<Event> queue_;          // guarded by mu_
-  v1::Event current_;                // guarded by mu_; the message being written
-  bool writing_ = false;             // guarded by mu_
-  bool finish_requested_ = false;    // guarded by mu_
-  bool finished_ = false;            // guarded by mu_
-  grpc::Status final_;               // guarded by mu_
+  std::deque<Event> queue_;        // guarded by mu_
+  v1::Event current_;              // guarded by mu_; the message being written
+  bool writing_ = false;           // guarded by mu_
+  bool finish_requested_ = false;  // guarded by mu_
+  bool finished_ = false;          // guarded by mu_
+  grpc::Status final_;             // guarded by mu_
 };
 
 grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* ctx, const grpc::Status& s) {
@@ -228,7 +228,8 @@ grpc::ServerUnaryReactor* RendezvousService::Join(grpc::CallbackServerContext* c
                                  [reactor, resp](StatusOr<JoinResult> r) {
                                    if (r.ok()) {
                                      resp->set_removed(r->removed);
-                                     if (!r->removed) ToProto(r->assignment, resp->mutable_assignment());
+                                     if (!r->removed)
+                                       ToProto(r->assignment, resp->mutable_assignment());
                                    }
                                    reactor->Finish(ToGrpc(r.status()));
                                  });
@@ -244,8 +245,7 @@ grpc::ServerUnaryReactor* RendezvousService::Set(grpc::CallbackServerContext* ct
 }
 
 grpc::ServerUnaryReactor* RendezvousService::Get(grpc::CallbackServerContext* ctx,
-                                                 const v1::GetRequest* req,
-                                                 v1::GetResponse* resp) {
+                                                 const v1::GetRequest* req, v1::GetResponse* resp) {
   grpc::Status auth = Authenticate(ctx);
   if (!auth.ok()) return FinishNow(ctx, auth);
   auto* reactor = new WaitingReactor(core_, ctx);

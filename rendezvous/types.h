@@ -18,7 +18,7 @@ struct Limits {
   size_t max_get_response_bytes = 256u << 20;
   size_t max_round_bytes = 1u << 30;  // all values of one round together
   size_t max_round_keys = 1u << 20;
-  size_t max_message_bytes = 4096;    // Report messages
+  size_t max_message_bytes = 4096;  // Report messages
   size_t max_watchers_per_slot = 8;
   size_t max_pending_waiters = 1u << 16;
 };

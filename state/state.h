@@ -121,7 +121,11 @@ class ObjectState : public State {
   template <typename T>
   static Serializer MakeSerializer(T* v) {
     if constexpr (std::is_same_v<T, std::string>) {
-      return {[v] { return *v; }, [v](const std::string& s) { *v = s; return Status::Ok(); }};
+      return {[v] { return *v; },
+              [v](const std::string& s) {
+                *v = s;
+                return Status::Ok();
+              }};
     } else if constexpr (std::is_trivially_copyable_v<T>) {
       return {[v] { return std::string(reinterpret_cast<const char*>(v), sizeof(T)); },
               [v](const std::string& s) {
@@ -133,7 +137,9 @@ class ObjectState : public State {
       using E = typename T::value_type;
       static_assert(std::is_same_v<T, std::vector<E>> && std::is_trivially_copyable_v<E>,
                     "register this type with a Serializer");
-      return {[v] { return std::string(reinterpret_cast<const char*>(v->data()), v->size() * sizeof(E)); },
+      return {[v] {
+                return std::string(reinterpret_cast<const char*>(v->data()), v->size() * sizeof(E));
+              },
               [v](const std::string& s) {
                 if (s.size() % sizeof(E) != 0) return InvalidArgument("size mismatch");
                 v->resize(s.size() / sizeof(E));

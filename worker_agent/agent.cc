@@ -1,9 +1,8 @@
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <spdlog/spdlog.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -53,9 +52,10 @@ StatusOr<WorkerEnv> WorkerEnv::FromEnvironment() {
   env.slot = Env("ELASTIC_SLOT");
   env.hostname = Env("ELASTIC_HOSTNAME");
   env.iface = Env("ELASTIC_IFACE");
-  for (auto [name, value] : {std::pair<const char*, std::string*>{"ELASTIC_DRIVER_ADDR", &env.driver_addr},
-                             {"ELASTIC_JOB_TOKEN", &env.token},
-                             {"ELASTIC_SLOT", &env.slot}}) {
+  for (auto [name, value] :
+       {std::pair<const char*, std::string*>{"ELASTIC_DRIVER_ADDR", &env.driver_addr},
+        {"ELASTIC_JOB_TOKEN", &env.token},
+        {"ELASTIC_SLOT", &env.slot}}) {
     if (value->empty()) {
       return InvalidArgument(std::string(name) +
                              " is not set: start this program under elastic-run, e.g. "
@@ -100,7 +100,10 @@ void Agent::WatchLoop() {
     bool opened = false;
     Status s = client_->Watch(
         env_.slot, [this](const rendezvous::Event& e) { OnEvent(e); },
-        [&] { opened = true; ever_open = true; });
+        [&] {
+          opened = true;
+          ever_open = true;
+        });
     if (stopping_.load()) return;
     if (opened) lost_since = SteadyClock::now();
     if (s.code() == Code::kUnauthenticated || s.code() == Code::kInvalidArgument) {

@@ -77,7 +77,8 @@ float Bf16ToFloat(uint16_t b) {
 uint16_t FloatToBf16(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);
-  if ((x & 0x7f800000u) == 0x7f800000u && (x & 0x7fffffu)) return static_cast<uint16_t>((x >> 16) | 0x40);
+  if ((x & 0x7f800000u) == 0x7f800000u && (x & 0x7fffffu))
+    return static_cast<uint16_t>((x >> 16) | 0x40);
   uint32_t rounding = 0x7fffu + ((x >> 16) & 1);
   return static_cast<uint16_t>((x + rounding) >> 16);
 }
@@ -85,9 +86,12 @@ uint16_t FloatToBf16(float f) {
 template <typename T>
 T Combine(T a, T b, ReduceOp op) {
   switch (op) {
-    case ReduceOp::kMin: return b < a ? b : a;
-    case ReduceOp::kMax: return a < b ? b : a;
-    default: return a + b;  // sum, and avg (divided afterwards)
+    case ReduceOp::kMin:
+      return b < a ? b : a;
+    case ReduceOp::kMax:
+      return a < b ? b : a;
+    default:
+      return a + b;  // sum, and avg (divided afterwards)
   }
 }
 
@@ -96,9 +100,12 @@ template <typename T>
 gloo::AllreduceOptions::Func NativeReduce(ReduceOp op) {
   using Fn = void (*)(void*, const void*, const void*, size_t);
   switch (op) {
-    case ReduceOp::kMin: return static_cast<Fn>(&gloo::min<T>);
-    case ReduceOp::kMax: return static_cast<Fn>(&gloo::max<T>);
-    default: return static_cast<Fn>(&gloo::sum<T>);  // sum, and avg (divided afterwards)
+    case ReduceOp::kMin:
+      return static_cast<Fn>(&gloo::min<T>);
+    case ReduceOp::kMax:
+      return static_cast<Fn>(&gloo::max<T>);
+    default:
+      return static_cast<Fn>(&gloo::sum<T>);  // sum, and avg (divided afterwards)
   }
 }
 
@@ -181,7 +188,8 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(RoundStore*
     }
     GlooStore gloo_store(store, options.connect_timeout, all);
     ctx->connectFullMesh(gloo_store, device);
-    ctx->setTimeout(std::chrono::duration_cast<std::chrono::milliseconds>(options.collective_timeout));
+    ctx->setTimeout(
+        std::chrono::duration_cast<std::chrono::milliseconds>(options.collective_timeout));
     return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(ctx, topo, options));
   } catch (const std::exception& e) {
     return Unavailable(std::string("connecting the Gloo full mesh failed: ") + e.what());
@@ -209,10 +217,18 @@ void GlooCommunicator::Allreduce(void* data, size_t count, DataType dtype, Reduc
     if (topo_.size > 1) {
       Duration t = options_.collective_timeout;
       switch (dtype) {
-        case DataType::kF32: RunAllreduce<float>(ctx_, data, count, NativeReduce<float>(op), t); break;
-        case DataType::kF64: RunAllreduce<double>(ctx_, data, count, NativeReduce<double>(op), t); break;
-        case DataType::kI32: RunAllreduce<int32_t>(ctx_, data, count, NativeReduce<int32_t>(op), t); break;
-        case DataType::kI64: RunAllreduce<int64_t>(ctx_, data, count, NativeReduce<int64_t>(op), t); break;
+        case DataType::kF32:
+          RunAllreduce<float>(ctx_, data, count, NativeReduce<float>(op), t);
+          break;
+        case DataType::kF64:
+          RunAllreduce<double>(ctx_, data, count, NativeReduce<double>(op), t);
+          break;
+        case DataType::kI32:
+          RunAllreduce<int32_t>(ctx_, data, count, NativeReduce<int32_t>(op), t);
+          break;
+        case DataType::kI64:
+          RunAllreduce<int64_t>(ctx_, data, count, NativeReduce<int64_t>(op), t);
+          break;
         case DataType::kF16:
           RunAllreduce<uint16_t>(ctx_, data, count, HalfReduce<HalfToFloat, FloatToHalf>(op), t);
           break;
@@ -223,12 +239,24 @@ void GlooCommunicator::Allreduce(void* data, size_t count, DataType dtype, Reduc
     }
     if (op != ReduceOp::kAvg || topo_.size == 1) return;
     switch (dtype) {
-      case DataType::kF32: DivideBy<float>(data, count, topo_.size); break;
-      case DataType::kF64: DivideBy<double>(data, count, topo_.size); break;
-      case DataType::kI32: DivideBy<int32_t>(data, count, topo_.size); break;
-      case DataType::kI64: DivideBy<int64_t>(data, count, topo_.size); break;
-      case DataType::kF16: DivideHalf<HalfToFloat, FloatToHalf>(data, count, topo_.size); break;
-      case DataType::kBF16: DivideHalf<Bf16ToFloat, FloatToBf16>(data, count, topo_.size); break;
+      case DataType::kF32:
+        DivideBy<float>(data, count, topo_.size);
+        break;
+      case DataType::kF64:
+        DivideBy<double>(data, count, topo_.size);
+        break;
+      case DataType::kI32:
+        DivideBy<int32_t>(data, count, topo_.size);
+        break;
+      case DataType::kI64:
+        DivideBy<int64_t>(data, count, topo_.size);
+        break;
+      case DataType::kF16:
+        DivideHalf<HalfToFloat, FloatToHalf>(data, count, topo_.size);
+        break;
+      case DataType::kBF16:
+        DivideHalf<Bf16ToFloat, FloatToBf16>(data, count, topo_.size);
+        break;
     }
   });
 }
@@ -277,7 +305,8 @@ void GlooCommunicator::Broadcast(void* data, size_t bytes, int root) {
     gloo::BroadcastOptions opts(ctx_);
     opts.setRoot(root);
     opts.setOutput(static_cast<uint8_t*>(data), bytes);
-    opts.setTimeout(std::chrono::duration_cast<std::chrono::milliseconds>(options_.collective_timeout));
+    opts.setTimeout(
+        std::chrono::duration_cast<std::chrono::milliseconds>(options_.collective_timeout));
     gloo::broadcast(opts);
   });
 }
@@ -289,7 +318,8 @@ std::vector<std::vector<char>> GlooCommunicator::Allgather(const void* data, siz
     return out;
   }
   Guard("allgather", [&] {
-    auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(options_.collective_timeout);
+    auto timeout =
+        std::chrono::duration_cast<std::chrono::milliseconds>(options_.collective_timeout);
     std::vector<int64_t> sizes(topo_.size);
     int64_t mine = static_cast<int64_t>(bytes);
     {
@@ -323,7 +353,8 @@ void GlooCommunicator::Barrier() {
   if (topo_.size == 1) return;
   Guard("barrier", [&] {
     gloo::BarrierOptions opts(ctx_);
-    opts.setTimeout(std::chrono::duration_cast<std::chrono::milliseconds>(options_.collective_timeout));
+    opts.setTimeout(
+        std::chrono::duration_cast<std::chrono::milliseconds>(options_.collective_timeout));
     gloo::barrier(opts);
   });
 }

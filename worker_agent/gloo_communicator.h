@@ -39,8 +39,7 @@ class GlooCommunicator : public Communicator {
  public:
   // Connects the full mesh of `topo.size` ranks through `store` (keys "0".."size-1").
   // Returns UNAVAILABLE / DEADLINE_EXCEEDED (with Gloo's message) when peers do not show up.
-  static StatusOr<std::unique_ptr<GlooCommunicator>> Create(RoundStore* store,
-                                                            const Topology& topo,
+  static StatusOr<std::unique_ptr<GlooCommunicator>> Create(RoundStore* store, const Topology& topo,
                                                             const GlooOptions& options);
   ~GlooCommunicator() override;
 

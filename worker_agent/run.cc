@@ -28,9 +28,10 @@ void Run(State& state, const std::function<void(State&)>& train, AgentOptions op
     ++commits;
     if (reported_round != agent.assignment().round) {
       reported_round = agent.assignment().round;
-      agent.ReportCommitted(commits, 0, 0,
-                            "rebuild=" + std::to_string(std::chrono::duration<double>(agent.last_rebuild()).count()) +
-                                " sync=" + std::to_string(std::chrono::duration<double>(sync_time).count()));
+      agent.ReportCommitted(
+          commits, 0, 0,
+          "rebuild=" + std::to_string(std::chrono::duration<double>(agent.last_rebuild()).count()) +
+              " sync=" + std::to_string(std::chrono::duration<double>(sync_time).count()));
     }
     agent.CheckHostUpdates();
   });
@@ -47,7 +48,8 @@ void Run(State& state, const std::function<void(State&)>& train, AgentOptions op
       agent.ReportFinished();
       return;
     } catch (const WorkerLostError& e) {
-      spdlog::warn("rank {}: {}; rolling back to the last commit", agent.assignment().rank, e.what());
+      spdlog::warn("rank {}: {}; rolling back to the last commit", agent.assignment().rank,
+                   e.what());
       state.Restore();
     } catch (const HostsUpdated& e) {
       spdlog::info("rank {}: {}; re-forming at this commit", agent.assignment().rank, e.what());

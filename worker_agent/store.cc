@@ -65,11 +65,11 @@ void GlooStore::set(const std::string& key, const std::vector<char>& data) {
 void GlooStore::Fetch(std::vector<std::string> keys, Duration timeout) {
   {
     std::lock_guard<std::mutex> g(mu_);
-    bool want_prefetch = !prefetched_ && !prefetch_.empty() &&
-                         std::any_of(keys.begin(), keys.end(), [&](const std::string& k) {
-                           return std::find(prefetch_.begin(), prefetch_.end(), k) !=
-                                  prefetch_.end();
-                         });
+    bool want_prefetch =
+        !prefetched_ && !prefetch_.empty() &&
+        std::any_of(keys.begin(), keys.end(), [&](const std::string& k) {
+          return std::find(prefetch_.begin(), prefetch_.end(), k) != prefetch_.end();
+        });
     if (want_prefetch) {
       prefetched_ = true;
       for (const auto& k : prefetch_) {
@@ -97,7 +97,8 @@ std::vector<char> GlooStore::get(const std::string& key) {
 
 void GlooStore::wait(const std::vector<std::string>& keys) { Fetch(keys, timeout_); }
 
-void GlooStore::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
+void GlooStore::wait(const std::vector<std::string>& keys,
+                     const std::chrono::milliseconds& timeout) {
   Fetch(keys, timeout);
 }
 

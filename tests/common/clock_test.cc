@@ -1,7 +1,7 @@
+#include "common/clock.h"
+
 #include <catch2/catch.hpp>
 #include <thread>
-
-#include "common/clock.h"
 
 namespace elastic {
 namespace {

@@ -1,7 +1,7 @@
+#include "discovery/discovery.h"
+
 #include <catch2/catch.hpp>
 #include <fstream>
-
-#include "discovery/discovery.h"
 
 namespace elastic::discovery {
 namespace {
@@ -10,8 +10,8 @@ using std::chrono::seconds;
 
 TEST_CASE("discovery output: host, host:slots, comments, blanks, duplicates", "[unit]") {
   std::vector<std::string> warnings;
-  auto hosts = ParseHostLines("# cluster\nnode1:4\n\n  node2  # spare\nnode1:2\n10.0.0.5:8\n", 3,
-                              &warnings);
+  auto hosts =
+      ParseHostLines("# cluster\nnode1:4\n\n  node2  # spare\nnode1:2\n10.0.0.5:8\n", 3, &warnings);
   REQUIRE(hosts.ok());
   REQUIRE(hosts->size() == 3);
   CHECK((*hosts)[0] == HostSlots{"node1", 2});

@@ -49,14 +49,22 @@ int Collectives(Communicator& c) {
       for (int i = 0; i < 100; ++i) {
         double v = c.rank() + 1 + i % 3;
         switch (dt) {
-          case DataType::kF32: reinterpret_cast<float*>(buf.data())[i] = static_cast<float>(v); break;
-          case DataType::kF64: reinterpret_cast<double*>(buf.data())[i] = v; break;
-          case DataType::kI32: reinterpret_cast<int32_t*>(buf.data())[i] = static_cast<int32_t>(v); break;
-          default: reinterpret_cast<int64_t*>(buf.data())[i] = static_cast<int64_t>(v); break;
+          case DataType::kF32:
+            reinterpret_cast<float*>(buf.data())[i] = static_cast<float>(v);
+            break;
+          case DataType::kF64:
+            reinterpret_cast<double*>(buf.data())[i] = v;
+            break;
+          case DataType::kI32:
+            reinterpret_cast<int32_t*>(buf.data())[i] = static_cast<int32_t>(v);
+            break;
+          default:
+            reinterpret_cast<int64_t*>(buf.data())[i] = static_cast<int64_t>(v);
+            break;
         }
         double n = c.size(), base = 1 + i % 3;
         double sum = n * base + n * (n - 1) / 2;
-        want[i] = op == ReduceOp::kSum ? sum
+        want[i] = op == ReduceOp::kSum   ? sum
                   : op == ReduceOp::kAvg ? sum / n
                   : op == ReduceOp::kMin ? base
                                          : base + n - 1;
@@ -68,8 +76,9 @@ int Collectives(Communicator& c) {
       for (int i = 0; i < 100; ++i) {
         double got = dt == DataType::kF32   ? reinterpret_cast<float*>(buf.data())[i]
                      : dt == DataType::kF64 ? reinterpret_cast<double*>(buf.data())[i]
-                     : dt == DataType::kI32 ? reinterpret_cast<int32_t*>(buf.data())[i]
-                                            : static_cast<double>(reinterpret_cast<int64_t*>(buf.data())[i]);
+                     : dt == DataType::kI32
+                         ? reinterpret_cast<int32_t*>(buf.data())[i]
+                         : static_cast<double>(reinterpret_cast<int64_t*>(buf.data())[i]);
         if (std::abs(got - want[i]) > 1e-4) {
           std::fprintf(stderr, "mismatch %s %s [%d]: %f != %f\n", DataTypeName(dt),
                        ReduceOpName(op), i, got, want[i]);
@@ -85,14 +94,14 @@ int Collectives(Communicator& c) {
       std::vector<uint16_t> buf(64, dt == DataType::kF16 ? ToHalf(v) : ToBf16(v));
       c.Allreduce(buf.data(), buf.size(), dt, op);
       double n = c.size();
-      double want = op == ReduceOp::kSum ? n * (n + 1)
+      double want = op == ReduceOp::kSum   ? n * (n + 1)
                     : op == ReduceOp::kAvg ? n + 1
                     : op == ReduceOp::kMin ? 2
                                            : 2 * n;
       double got = dt == DataType::kF16 ? FromHalf(buf[63]) : FromBf16(buf[63]);
       if (std::abs(got - want) > want * 0.01) {
-        std::fprintf(stderr, "mismatch %s %s: %f != %f\n", DataTypeName(dt), ReduceOpName(op),
-                     got, want);
+        std::fprintf(stderr, "mismatch %s %s: %f != %f\n", DataTypeName(dt), ReduceOpName(op), got,
+                     want);
         return 1;
       }
     }

@@ -140,8 +140,7 @@ TEST_CASE("Join ends at its deadline, and missing members are reported", "[unit]
   Core core(opts);
   REQUIRE(core.ProposeRound(0, Members({"a:0", "b:0"}), {}).ok());
   TimePoint join_deadline = clock.Now() + seconds(20);
-  auto join = std::async(std::launch::async,
-                         [&] { return core.Join("a:0", -1, join_deadline); });
+  auto join = std::async(std::launch::async, [&] { return core.Join("a:0", -1, join_deadline); });
   REQUIRE(WaitPending(core, 1));
   clock.Advance(seconds(11));
   REQUIRE(listener.WaitTimeout());
@@ -158,8 +157,7 @@ TEST_CASE("Join ends at its deadline, and missing members are reported", "[unit]
   CHECK(r->assignment.size == 1);
 
   TimePoint late_deadline = clock.Now() + seconds(5);
-  auto late = std::async(std::launch::async,
-                         [&] { return core.Join("z:0", 1, late_deadline); });
+  auto late = std::async(std::launch::async, [&] { return core.Join("z:0", 1, late_deadline); });
   clock.Advance(seconds(6));
   auto lr = late.get();
   CHECK(lr.status().code() == Code::kDeadlineExceeded);
@@ -182,8 +180,9 @@ TEST_CASE("store: set, multi-key wait, timeout, scope drop", "[unit]") {
   }
   SECTION("a multi-key get waits for the last key") {
     TimePoint deadline = clock.Now() + seconds(10);
-    auto get = std::async(std::launch::async,
-                          [&] { return core.Get(0, {"x", "y", "x"}, deadline); });
+    auto get = std::async(std::launch::async, [&] {
+      return core.Get(0, {"x", "y", "x"}, deadline);
+    });
     REQUIRE(core.Set(0, "x", "1").ok());
     CHECK(get.wait_for(std::chrono::milliseconds(30)) == std::future_status::timeout);
     REQUIRE(core.Set(0, "y", "2").ok());
@@ -194,8 +193,7 @@ TEST_CASE("store: set, multi-key wait, timeout, scope drop", "[unit]") {
   }
   SECTION("a get times out when a key never comes") {
     TimePoint deadline = clock.Now() + seconds(3);
-    auto get = std::async(std::launch::async,
-                          [&] { return core.Get(0, {"never"}, deadline); });
+    auto get = std::async(std::launch::async, [&] { return core.Get(0, {"never"}, deadline); });
     clock.Advance(seconds(4));
     CHECK(get.get().status().code() == Code::kDeadlineExceeded);
   }
@@ -292,7 +290,8 @@ TEST_CASE("many clients as threads form a round and exchange keys", "[unit]") {
   const int n = GENERATE(1, 16, 128);
   Core core(CoreOptions{});
   std::vector<std::string> slots;
-  for (int i = 0; i < n; ++i) slots.push_back("h" + std::to_string(i / 8) + ":" + std::to_string(i % 8));
+  for (int i = 0; i < n; ++i)
+    slots.push_back("h" + std::to_string(i / 8) + ":" + std::to_string(i % 8));
   std::vector<std::string> keys;
   for (int i = 0; i < n; ++i) keys.push_back(std::to_string(i));
   REQUIRE(core.ProposeRound(0, Members(slots), {}).ok());

@@ -64,9 +64,8 @@ struct Fixture {
     REQUIRE(core->ProposeRound(round, m, {}).ok());
     std::vector<std::future<StatusOr<JoinResult>>> joins;
     for (const auto& s : slots) {
-      joins.push_back(std::async(std::launch::async, [this, s, last] {
-        return MakeClient().Join(s, last, seconds(10));
-      }));
+      joins.push_back(std::async(
+          std::launch::async, [this, s, last] { return MakeClient().Join(s, last, seconds(10)); }));
     }
     for (auto& j : joins) REQUIRE(j.get().ok());
   }
@@ -77,9 +76,11 @@ struct Fixture {
 
 TEST_CASE("grpc: join, set and get over the wire", "[integration]") {
   Fixture f;
-  REQUIRE(f.core->ProposeRound(0, {{"a:0", Assignment{-1, 0, 2, 0, 2, 0, 1, false}},
-                                   {"a:1", Assignment{-1, 1, 2, 1, 2, 0, 1, true}}},
-                               {})
+  REQUIRE(f.core
+              ->ProposeRound(0,
+                             {{"a:0", Assignment{-1, 0, 2, 0, 2, 0, 1, false}},
+                              {"a:1", Assignment{-1, 1, 2, 1, 2, 0, 1, true}}},
+                             {})
               .ok());
   auto other = std::async(std::launch::async, [&] {
     Client c = f.MakeClient();
@@ -175,8 +176,7 @@ TEST_CASE("grpc: a client that disconnects in the middle of a Get frees its wait
   CHECK(f.core->pending_waiters() == 0);
 }
 
-TEST_CASE("grpc: watch delivers events; server shutdown ends every waiting call",
-          "[integration]") {
+TEST_CASE("grpc: watch delivers events; server shutdown ends every waiting call", "[integration]") {
   WatchListener listener;
   Fixture f(&listener);
   f.Form(0, {"a:0", "a:1"}, -1);
@@ -197,10 +197,10 @@ TEST_CASE("grpc: watch delivers events; server shutdown ends every waiting call"
   f.core->events().Publish("a:0", Event{EventKind::kMembershipChanging, 0, "host added"});
   f.core->events().Publish("a:1", Event{EventKind::kAbort, 0, "not for a:0"});
 
-  auto get = std::async(std::launch::async,
-                        [&] { return f.MakeClient().Get(0, {"never"}, seconds(3)); });
-  auto join = std::async(std::launch::async,
-                         [&] { return f.MakeClient().Join("z:0", 0, seconds(3)); });
+  auto get =
+      std::async(std::launch::async, [&] { return f.MakeClient().Get(0, {"never"}, seconds(3)); });
+  auto join =
+      std::async(std::launch::async, [&] { return f.MakeClient().Join("z:0", 0, seconds(3)); });
   for (int i = 0; i < 1000 && f.core->pending_waiters() < 2; ++i) {
     std::this_thread::sleep_for(milliseconds(5));
   }
@@ -225,7 +225,8 @@ TEST_CASE("grpc: a watcher that goes away is reported closed", "[integration]") 
   Client c(o);
   std::promise<void> opened;
   auto watch = std::async(std::launch::async, [&] {
-    return c.Watch("b:3", [](const Event&) {}, [&] { opened.set_value(); });
+    return c.Watch(
+        "b:3", [](const Event&) {}, [&] { opened.set_value(); });
   });
   REQUIRE(opened.get_future().wait_for(seconds(10)) == std::future_status::ready);
   c.CancelWatch();

@@ -82,7 +82,8 @@ TEST_CASE("sampler property: exactly once under random resizes and rollbacks", "
   while (epoch < epochs) {
     if (ranks[0].EpochDone()) {
       for (auto& s : ranks) s.SetEpoch(epoch + 1);
-      consumed_committed[epoch].insert(consumed_committed[epoch].end(), pending.begin(), pending.end());
+      consumed_committed[epoch].insert(consumed_committed[epoch].end(), pending.begin(),
+                                       pending.end());
       pending.clear();
       ++epoch;
       committed = ranks[0].Serialize();
@@ -122,7 +123,8 @@ TEST_CASE("sampler property: exactly once under random resizes and rollbacks", "
         }
         break;
       }
-      default: break;  // another step before the next commit
+      default:
+        break;  // another step before the next commit
     }
   }
   for (int e = 0; e < epochs; ++e) {

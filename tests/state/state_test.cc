@@ -1,8 +1,9 @@
+#include "state/state.h"
+
 #include <catch2/catch.hpp>
 #include <thread>
 
 #include "rendezvous/rendezvous.h"
-#include "state/state.h"
 #include "worker_agent/gloo_communicator.h"
 
 namespace elastic {
@@ -70,7 +71,8 @@ TEST_CASE("ObjectState: Sync makes every rank rank 0's state", "[unit]") {
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
-      auto a = core.Join("h:" + std::to_string(i), -1, core.clock()->Now() + std::chrono::seconds(30));
+      auto a =
+          core.Join("h:" + std::to_string(i), -1, core.clock()->Now() + std::chrono::seconds(30));
       if (!a.ok()) return;
       auto store = worker_agent::MakeCoreRoundStore(&core, 0);
       auto comm = worker_agent::GlooCommunicator::Create(store.get(), {i, n, i, n, 0, 1}, {});

@@ -1,5 +1,7 @@
 // Every collective, dtype and op, with ranks as threads over an in-process rendezvous Core and
 // real Gloo TCP pairs on loopback.
+#include "worker_agent/gloo_communicator.h"
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -8,7 +10,6 @@
 #include <thread>
 
 #include "rendezvous/rendezvous.h"
-#include "worker_agent/gloo_communicator.h"
 
 namespace elastic::worker_agent {
 namespace {
@@ -29,7 +30,8 @@ std::vector<std::string> RunRanks(int n, const std::function<void(GlooCommunicat
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
       try {
-        auto a = core.Join("h:" + std::to_string(i), -1, core.clock()->Now() + std::chrono::seconds(30));
+        auto a =
+            core.Join("h:" + std::to_string(i), -1, core.clock()->Now() + std::chrono::seconds(30));
         if (!a.ok()) throw std::runtime_error(a.status().ToString());
         auto store = MakeCoreRoundStore(&core, 0);
         Topology topo{i, n, i, n, 0, 1};
@@ -89,17 +91,20 @@ double Expected(ReduceOp op, int n, size_t i) {
     mx = std::max(mx, v);
   }
   switch (op) {
-    case ReduceOp::kSum: return sum;
-    case ReduceOp::kAvg: return sum / n;
-    case ReduceOp::kMin: return mn;
-    case ReduceOp::kMax: return mx;
+    case ReduceOp::kSum:
+      return sum;
+    case ReduceOp::kAvg:
+      return sum / n;
+    case ReduceOp::kMin:
+      return mn;
+    case ReduceOp::kMax:
+      return mx;
   }
   return 0;
 }
 
 template <typename T>
-void CheckAllreduce(Communicator& c, ReduceOp op, DataType dt, T (*enc)(double),
-                    double (*dec)(T)) {
+void CheckAllreduce(Communicator& c, ReduceOp op, DataType dt, T (*enc)(double), double (*dec)(T)) {
   const size_t count = 1000;
   std::vector<T> v(count);
   for (size_t i = 0; i < count; ++i) v[i] = enc(c.rank() + 1 + static_cast<double>(i % 7));
@@ -118,20 +123,23 @@ void CheckAllreduce(Communicator& c, ReduceOp op, DataType dt, T (*enc)(double),
 }
 
 void AllDtypes(Communicator& c, ReduceOp op) {
-  CheckAllreduce<float>(c, op, DataType::kF32, [](double d) { return static_cast<float>(d); },
-                        [](float f) { return static_cast<double>(f); });
-  CheckAllreduce<double>(c, op, DataType::kF64, [](double d) { return d; },
-                         [](double d) { return d; });
-  CheckAllreduce<int32_t>(c, op, DataType::kI32, [](double d) { return static_cast<int32_t>(d); },
-                          [](int32_t x) { return static_cast<double>(x); });
-  CheckAllreduce<int64_t>(c, op, DataType::kI64, [](double d) { return static_cast<int64_t>(d); },
-                          [](int64_t x) { return static_cast<double>(x); });
-  CheckAllreduce<uint16_t>(c, op, DataType::kF16,
-                           [](double d) { return ToHalf(static_cast<float>(d)); },
-                           [](uint16_t h) { return static_cast<double>(HalfValue(h)); });
-  CheckAllreduce<uint16_t>(c, op, DataType::kBF16,
-                           [](double d) { return ToBf16(static_cast<float>(d)); },
-                           [](uint16_t h) { return static_cast<double>(Bf16Value(h)); });
+  CheckAllreduce<float>(
+      c, op, DataType::kF32, [](double d) { return static_cast<float>(d); },
+      [](float f) { return static_cast<double>(f); });
+  CheckAllreduce<double>(
+      c, op, DataType::kF64, [](double d) { return d; }, [](double d) { return d; });
+  CheckAllreduce<int32_t>(
+      c, op, DataType::kI32, [](double d) { return static_cast<int32_t>(d); },
+      [](int32_t x) { return static_cast<double>(x); });
+  CheckAllreduce<int64_t>(
+      c, op, DataType::kI64, [](double d) { return static_cast<int64_t>(d); },
+      [](int64_t x) { return static_cast<double>(x); });
+  CheckAllreduce<uint16_t>(
+      c, op, DataType::kF16, [](double d) { return ToHalf(static_cast<float>(d)); },
+      [](uint16_t h) { return static_cast<double>(HalfValue(h)); });
+  CheckAllreduce<uint16_t>(
+      c, op, DataType::kBF16, [](double d) { return ToBf16(static_cast<float>(d)); },
+      [](uint16_t h) { return static_cast<double>(Bf16Value(h)); });
 }
 
 TEST_CASE("gloo: allreduce of every dtype and op, 1 to 8 ranks", "[unit]") {
@@ -150,7 +158,8 @@ TEST_CASE("gloo: broadcast, allgather of different sizes, barrier", "[unit]") {
       std::vector<char> buf(100000, c.rank() == root ? static_cast<char>('A' + root % 26) : 0);
       c.Broadcast(buf.data(), buf.size(), root);
       for (char ch : buf) {
-        if (ch != static_cast<char>('A' + root % 26)) throw std::runtime_error("broadcast mismatch");
+        if (ch != static_cast<char>('A' + root % 26))
+          throw std::runtime_error("broadcast mismatch");
       }
     }
     std::string mine(static_cast<size_t>(c.rank()) * 3, static_cast<char>('a' + c.rank()));
@@ -158,7 +167,8 @@ TEST_CASE("gloo: broadcast, allgather of different sizes, barrier", "[unit]") {
     if (static_cast<int>(all.size()) != c.size()) throw std::runtime_error("allgather size");
     for (int r = 0; r < c.size(); ++r) {
       std::string want(static_cast<size_t>(r) * 3, static_cast<char>('a' + r));
-      if (std::string(all[r].begin(), all[r].end()) != want) throw std::runtime_error("allgather content");
+      if (std::string(all[r].begin(), all[r].end()) != want)
+        throw std::runtime_error("allgather content");
     }
     c.Barrier();
   });
@@ -168,40 +178,43 @@ TEST_CASE("gloo: broadcast, allgather of different sizes, barrier", "[unit]") {
 
 TEST_CASE("gloo: fusion of 1000 tensors of mixed sizes and dtypes", "[unit]") {
   size_t fusion = GENERATE(size_t{64} << 20, size_t{4096});  // one bucket, and many
-  auto failures = RunRanks(4, [](GlooCommunicator& c) {
-    std::vector<std::vector<float>> f32;
-    std::vector<std::vector<double>> f64;
-    std::vector<TensorView> views;
-    for (int t = 0; t < 1000; ++t) {
-      size_t len = 1 + (t * 37) % 3000;
-      if (t % 5 == 0) {
-        f64.emplace_back(len, c.rank() + t);
-      } else {
-        f32.emplace_back(len, static_cast<float>(c.rank() + t));
-      }
-    }
-    size_t a = 0, b = 0;
-    for (int t = 0; t < 1000; ++t) {
-      if (t % 5 == 0) {
-        views.push_back({f64[a].data(), f64[a].size(), DataType::kF64});
-        ++a;
-      } else {
-        views.push_back({f32[b].data(), f32[b].size(), DataType::kF32});
-        ++b;
-      }
-    }
-    c.AllreduceMany(views, ReduceOp::kSum);
-    a = b = 0;
-    double rank_sum = c.size() * (c.size() - 1) / 2.0;
-    for (int t = 0; t < 1000; ++t) {
-      double want = rank_sum + static_cast<double>(t) * c.size();
-      double got = t % 5 == 0 ? f64[a++].back() : f32[b++].back();
-      if (got != want) {
-        throw std::runtime_error("tensor " + std::to_string(t) + ": got " + std::to_string(got) +
-                                 " want " + std::to_string(want));
-      }
-    }
-  }, fusion);
+  auto failures = RunRanks(
+      4,
+      [](GlooCommunicator& c) {
+        std::vector<std::vector<float>> f32;
+        std::vector<std::vector<double>> f64;
+        std::vector<TensorView> views;
+        for (int t = 0; t < 1000; ++t) {
+          size_t len = 1 + (t * 37) % 3000;
+          if (t % 5 == 0) {
+            f64.emplace_back(len, c.rank() + t);
+          } else {
+            f32.emplace_back(len, static_cast<float>(c.rank() + t));
+          }
+        }
+        size_t a = 0, b = 0;
+        for (int t = 0; t < 1000; ++t) {
+          if (t % 5 == 0) {
+            views.push_back({f64[a].data(), f64[a].size(), DataType::kF64});
+            ++a;
+          } else {
+            views.push_back({f32[b].data(), f32[b].size(), DataType::kF32});
+            ++b;
+          }
+        }
+        c.AllreduceMany(views, ReduceOp::kSum);
+        a = b = 0;
+        double rank_sum = c.size() * (c.size() - 1) / 2.0;
+        for (int t = 0; t < 1000; ++t) {
+          double want = rank_sum + static_cast<double>(t) * c.size();
+          double got = t % 5 == 0 ? f64[a++].back() : f32[b++].back();
+          if (got != want) {
+            throw std::runtime_error("tensor " + std::to_string(t) + ": got " +
+                                     std::to_string(got) + " want " + std::to_string(want));
+          }
+        }
+      },
+      fusion);
   CHECK(failures.empty());
   for (auto& f : failures) WARN(f);
 }

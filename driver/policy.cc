@@ -1,0 +1,371 @@
+// The driver's membership decisions: who runs in the next round, and what a worker's exit,
+// a report, a discovery result or a rendezvous event means for the job (DESIGN §3, §6).
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "driver/driver_internal.h"
+
+namespace elastic::driver::internal {
+
+using rendezvous::Assignment;
+using rendezvous::Event;
+using rendezvous::EventKind;
+
+std::string Driver::LabelOf(const std::string& slot) const {
+  int r = MemberRank(slot);
+  return r >= 0 ? std::to_string(r) : slot;
+}
+
+int Driver::MemberRank(const std::string& slot) const {
+  auto it = std::find(members_.begin(), members_.end(), slot);
+  return it == members_.end() ? -1 : static_cast<int>(it - members_.begin());
+}
+
+void Driver::Replan(const std::string& reason) {
+  if (shutting_down_ || finishing_) return;
+  // Candidates: healthy running workers (survivors) and free slots on available hosts.
+  auto alive = [&](const std::string& slot) {
+    auto it = workers_.find(slot);
+    return it != workers_.end() && it->second.proc && !it->second.proc->reaped() &&
+           !it->second.dropped && !it->second.removed;
+  };
+  auto busy = [&](const std::string& slot) {  // a process that is still going away
+    auto it = workers_.find(slot);
+    return it != workers_.end() && it->second.proc && !it->second.proc->reaped();
+  };
+  std::vector<HostSlots> all = hosts_.Available();
+  std::vector<std::string> survivors, fresh;
+  // Survivors keep their place on hosts that are still listed (blacklisting only stops new
+  // launches); slots beyond a host's new count, or on hosts no longer listed, are removed.
+  for (const auto& [slot, w] : workers_) {
+    if (!alive(slot)) continue;
+    bool still_listed = false;
+    for (const auto& h : last_listed_) {
+      if (h.host == w.host && w.index < h.slots) still_listed = true;
+    }
+    if (still_listed) survivors.push_back(slot);
+  }
+  for (const auto& h : all) {
+    for (int i = 0; i < h.slots; ++i) {
+      std::string slot = h.host + ":" + std::to_string(i);
+      if (!alive(slot) && !busy(slot)) fresh.push_back(slot);
+    }
+  }
+  // Order everything host by host (first-seen order), slots in order; cap at max_np with
+  // survivors first.
+  const std::vector<std::string>& host_order = last_listed_order_;
+  auto key = [&](const std::string& slot) {
+    std::string host = slot.substr(0, slot.rfind(':'));
+    int idx = std::stoi(slot.substr(slot.rfind(':') + 1));
+    size_t pos = std::find(host_order.begin(), host_order.end(), host) - host_order.begin();
+    return std::make_pair(pos, idx);
+  };
+  auto by_key = [&](const std::string& a, const std::string& b) { return key(a) < key(b); };
+  std::sort(survivors.begin(), survivors.end(), by_key);
+  std::sort(fresh.begin(), fresh.end(), by_key);
+  size_t cap = opts_.max_np > 0 ? static_cast<size_t>(opts_.max_np) : SIZE_MAX;
+  std::vector<std::string> plan;
+  for (const auto& s : survivors) {
+    if (plan.size() < cap) plan.push_back(s);
+  }
+  for (const auto& s : fresh) {
+    if (plan.size() < cap) plan.push_back(s);
+  }
+  std::sort(plan.begin(), plan.end(), by_key);
+  // Rank 0 is always a holder of the committed state when there is one.
+  for (size_t i = 0; i < plan.size(); ++i) {
+    if (holders_.count(plan[i])) {
+      std::rotate(plan.begin(), plan.begin() + static_cast<long>(i),
+                  plan.begin() + static_cast<long>(i) + 1);
+      break;
+    }
+  }
+  size_t need = static_cast<size_t>(started_ ? opts_.min_np : opts_.np);
+  if (plan.size() < need) {
+    if (wait_until_ == TimePoint::max()) {
+      Duration limit = started_ ? opts_.elastic_timeout : opts_.start_timeout;
+      wait_until_ = SteadyClock::now() + limit;
+      spdlog::warn("{} slot(s) available, {} needed ({}); waiting up to {:.0f} s for hosts",
+                   plan.size(), need, reason, Secs(limit));
+      log_.Write("waiting_for_hosts",
+                 {{"available", int64_t(plan.size())}, {"needed", int64_t(need)}});
+    }
+    return;
+  }
+  wait_until_ = TimePoint::max();
+  if (plan == members_ && round_ >= 0 && !round_broken_) return;  // nothing to change
+  round_broken_ = false;
+  if (round_ >= 0) {
+    if (opts_.reset_limit >= 0 && resets_ >= opts_.reset_limit) {
+      Terminate(1, "reset limit reached (" + std::to_string(opts_.reset_limit) +
+                       " resets; raise --reset-limit to allow more)");
+      return;
+    }
+    ++resets_;
+  }
+  std::vector<std::string> old = members_;
+  int64_t old_round = round_;
+  members_ = plan;
+  ++round_;
+  bool sync = round_ == 0 || std::any_of(plan.begin(), plan.end(),
+                                         [&](const std::string& s) { return !holders_.count(s); });
+  // Assignments: local and cross ranks by host.
+  std::map<std::string, Assignment> assign;
+  std::vector<std::string> hosts_in_round;
+  std::map<std::string, int> local_count;
+  for (const auto& s : plan) {
+    std::string host = s.substr(0, s.rfind(':'));
+    if (!local_count.count(host)) hosts_in_round.push_back(host);
+    ++local_count[host];
+  }
+  std::map<std::string, int> local_next;
+  for (size_t r = 0; r < plan.size(); ++r) {
+    std::string host = plan[r].substr(0, plan[r].rfind(':'));
+    Assignment a;
+    a.rank = static_cast<int>(r);
+    a.size = static_cast<int>(plan.size());
+    a.local_rank = local_next[host]++;
+    a.local_size = local_count[host];
+    a.cross_rank = static_cast<int>(std::find(hosts_in_round.begin(), hosts_in_round.end(), host) -
+                                    hosts_in_round.begin());
+    a.cross_size = static_cast<int>(hosts_in_round.size());
+    a.sync_required = sync;
+    assign[plan[r]] = a;
+  }
+  std::vector<std::string> removed;
+  for (auto& [slot, w] : workers_) {
+    if (alive(slot) && std::find(plan.begin(), plan.end(), slot) == plan.end()) {
+      removed.push_back(slot);
+      w.removed = true;
+    }
+  }
+  spdlog::info("round {}: {} worker(s) [{}] ({}){}", round_, plan.size(), fmt::join(plan, " "),
+               reason, sync ? ", state will be synced from rank 0" : "");
+  log_.Write("round_proposed", {{"round", round_},
+                                {"members", plan},
+                                {"removed", removed},
+                                {"reason", reason},
+                                {"sync_required", sync}});
+  Status s = core_->ProposeRound(round_, assign, removed);
+  if (!s.ok()) {
+    Terminate(1, "internal error proposing round " + std::to_string(round_) + ": " + s.ToString());
+    return;
+  }
+  // Fence the old round: survivors stop at their next commit.
+  for (const auto& slot : old) {
+    if (alive(slot)) {
+      core_->events().Publish(slot, Event{EventKind::kMembershipChanging, old_round, reason});
+    }
+  }
+  if (old_round >= 0) log_.Write("fence", {{"round", old_round}, {"reason", reason}});
+  for (const auto& slot : plan) {
+    Worker& w = workers_[slot];
+    if (w.slot.empty()) {
+      w.slot = slot;
+      w.host = slot.substr(0, slot.rfind(':'));
+      w.index = std::stoi(slot.substr(slot.rfind(':') + 1));
+      w.local = IsLocalHost(w.host);
+    }
+    if (!alive(slot)) Launch(w);
+  }
+}
+
+void Driver::CheckFinished() {
+  if (shutting_down_ || !finishing_) return;
+  for (const auto& slot : members_) {
+    auto it = workers_.find(slot);
+    if (it == workers_.end() || !it->second.proc || !it->second.proc->reaped()) return;
+  }
+  Terminate(0, "success: all " + std::to_string(members_.size()) + " workers of round " +
+                   std::to_string(round_) + " finished");
+}
+
+void Driver::HandleExit(Worker& w, int code) {
+  std::string rank = LabelOf(w.slot);
+  log_.Write("worker_exited", {{"slot", w.slot},
+                               {"code", int64_t{code}},
+                               {"rank", rank},
+                               {"status", w.proc->DescribeExit()}});
+  bool member = MemberRank(w.slot) >= 0;
+  if (shutting_down_) return;
+  if (w.removed || !member) {
+    spdlog::info("worker {} (slot {}) left after scale-down: {}", rank, w.slot,
+                 w.proc->DescribeExit());
+    return;
+  }
+  if (code == 0) {
+    if (!finishing_) spdlog::info("worker {} finished; the job is finishing", rank);
+    finishing_ = true;
+    CheckFinished();
+    return;
+  }
+  if (w.dropped) {  // the driver already gave up on it (join timeout, lost)
+    return;
+  }
+  ++failures_;
+  std::string what = "worker " + rank + " (slot " + w.slot + ", host " + w.host +
+                     ") failed: " + w.proc->DescribeExit();
+  if (!opts_.elastic || finishing_) {
+    Terminate(code, what);
+    return;
+  }
+  spdlog::warn("{}; recovering", what);
+  w.dropped = true;
+  round_broken_ = true;
+  recovery_start_ = SteadyClock::now();
+  recovering_ = true;
+  log_.Write("worker_lost", {{"slot", w.slot}, {"rank", rank}, {"phase", "detect"}});
+  // Fail the survivors' collectives at once (a silent peer would otherwise cost a timeout).
+  for (const auto& slot : members_) {
+    if (slot != w.slot) core_->events().Publish(slot, Event{EventKind::kAbort, round_, what});
+  }
+  log_.Write("recovery_phase",
+             {{"phase", "fence"}, {"seconds", Secs(SteadyClock::now() - recovery_start_)}});
+  if (hosts_.RecordFailure(w.host)) {
+    spdlog::warn("host {} is blacklisted{}", w.host,
+                 hosts_.LastCooldown() == Duration::max()
+                     ? ""
+                     : fmt::format(" for {:.1f} s", Secs(hosts_.LastCooldown())));
+    log_.Write("host_blacklisted", {{"host", w.host}});
+  }
+  holders_.erase(w.slot);
+  if (opts_.max_failures >= 0 && failures_ > opts_.max_failures) {
+    Terminate(1, what + "; too many failures (--max-failures " +
+                     std::to_string(opts_.max_failures) + ")");
+    return;
+  }
+  Replan("worker " + rank + " failed");
+}
+
+void Driver::HandleReport(const rendezvous::Report& r) {
+  auto it = workers_.find(r.slot);
+  if (it == workers_.end()) return;
+  switch (r.kind) {
+    case rendezvous::ReportKind::kFinished:
+      it->second.finished = true;
+      break;
+    case rendezvous::ReportKind::kFailed:
+      spdlog::warn("slot {} reports a failure: {}", r.slot, r.message);
+      break;
+    case rendezvous::ReportKind::kLeaving:
+      it->second.removed = true;
+      break;
+    case rendezvous::ReportKind::kCommitted:
+      if (!first_commit_logged_ && r.round == formed_) {
+        first_commit_logged_ = true;
+        if (recovering_) {
+          // The worker's own phases (durations) ride on its first commit report.
+          double rebuild = 0, sync = 0;
+          if (std::sscanf(r.message.c_str(), "rebuild=%lf sync=%lf", &rebuild, &sync) == 2) {
+            log_.Write("recovery_phase", {{"phase", "rebuild"}, {"duration", rebuild}});
+            log_.Write("recovery_phase", {{"phase", "sync"}, {"duration", sync}});
+          }
+          log_.Write("recovery_phase", {{"phase", "first_step"},
+                                        {"seconds", Secs(SteadyClock::now() - recovery_start_)}});
+          recovering_ = false;
+        }
+      }
+      log_.Write("committed", {{"slot", r.slot},
+                               {"round", r.round},
+                               {"step", r.step},
+                               {"epoch", r.epoch},
+                               {"cursor", r.cursor}});
+      break;
+  }
+}
+
+void Driver::HandleDiscovery(Posted& p) {
+  for (const auto& w : p.warnings) spdlog::warn("discovery: {}", w);
+  if (!p.hosts->ok()) {
+    spdlog::warn("discovery failed; keeping the last good host set: {}",
+                 p.hosts->status().message());
+    log_.Write("discovery", {{"ok", false}, {"error", p.hosts->status().message()}});
+    return;
+  }
+  const auto& listed = p.hosts->value();
+  auto change = hosts_.Update(listed);
+  last_listed_ = listed;
+  for (const auto& h : listed) {
+    if (std::find(last_listed_order_.begin(), last_listed_order_.end(), h.host) ==
+        last_listed_order_.end()) {
+      last_listed_order_.push_back(h.host);
+    }
+  }
+  if (change.empty()) return;
+  std::vector<std::string> names;
+  for (const auto& h : listed) names.push_back(h.host + ":" + std::to_string(h.slots));
+  log_.Write("discovery", {{"hosts", names}, {"ok", true}});
+  for (const auto& h : change.added) log_.Write("host_added", {{"host", h}});
+  for (const auto& h : change.removed) log_.Write("host_removed", {{"host", h}});
+  spdlog::info("hosts changed: +[{}] -[{}] ~[{}]", fmt::join(change.added, " "),
+               fmt::join(change.removed, " "), fmt::join(change.changed, " "));
+  Replan("hosts changed");
+}
+
+void Driver::HandlePosted(Posted& p) {
+  switch (p.kind) {
+    case Posted::kRoundFormed: {
+      if (p.round != round_) break;
+      formed_ = p.round;
+      started_ = true;
+      holders_.clear();
+      for (const auto& s : members_) holders_.insert(s);
+      first_commit_logged_ = false;
+      spdlog::info("round {} formed with {} worker(s)", p.round, members_.size());
+      log_.Write("round_formed", {{"round", p.round}, {"members", members_}});
+      if (recovering_) {
+        log_.Write("recovery_phase", {{"phase", "rendezvous"},
+                                      {"seconds", Secs(SteadyClock::now() - recovery_start_)}});
+      }
+      break;
+    }
+    case Posted::kJoinTimeout: {
+      if (p.round != round_ || shutting_down_) break;
+      spdlog::warn("round {}: slot(s) [{}] did not join within {:.0f} s; dropping them", p.round,
+                   fmt::join(p.slots, " "), Secs(opts_.rendezvous_timeout));
+      for (const auto& slot : p.slots) {
+        Worker& w = workers_[slot];
+        if (w.proc && !w.proc->reaped()) w.proc->SignalGroup(SIGKILL);
+        w.dropped = true;
+        holders_.erase(slot);
+        ++failures_;
+        hosts_.RecordFailure(w.host);
+      }
+      round_broken_ = true;
+      members_.erase(std::remove_if(members_.begin(), members_.end(),
+                                    [&](const std::string& s) {
+                                      return std::find(p.slots.begin(), p.slots.end(), s) !=
+                                             p.slots.end();
+                                    }),
+                     members_.end());
+      Replan("slots did not join");
+      break;
+    }
+    case Posted::kReport:
+      HandleReport(p.report);
+      break;
+    case Posted::kWatchClosed: {
+      auto it = workers_.find(p.slots[0]);
+      // A remote worker whose stream breaks while its launcher runs may be lost (host gone):
+      // unless the launcher exits (or the stream re-opens) within a moment, it is killed.
+      if (it != workers_.end() && !it->second.local && !it->second.finished && it->second.proc &&
+          !it->second.proc->reaped() && !shutting_down_) {
+        it->second.lost_at = SteadyClock::now() + std::chrono::seconds(3);
+      }
+      break;
+    }
+    case Posted::kWatchOpened: {
+      auto it = workers_.find(p.slots[0]);
+      if (it != workers_.end()) it->second.lost_at = TimePoint::max();
+      break;
+    }
+    case Posted::kDiscovery:
+      HandleDiscovery(p);
+      break;
+  }
+}
+
+}  // namespace elastic::driver::internal
