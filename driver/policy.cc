@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <tuple>
 
 #include "driver/driver_internal.h"
+#include "driver/plan.h"
 
 namespace elastic::driver::internal {
 
@@ -26,63 +28,22 @@ int Driver::MemberRank(const std::string& slot) const {
 
 void Driver::Replan(const std::string& reason) {
   if (shutting_down_ || finishing_) return;
-  // Candidates: healthy running workers (survivors) and free slots on available hosts.
-  auto alive = [&](const std::string& slot) {
-    auto it = workers_.find(slot);
-    return it != workers_.end() && it->second.proc && !it->second.proc->reaped() &&
-           !it->second.dropped && !it->second.removed;
-  };
-  auto busy = [&](const std::string& slot) {  // a process that is still going away
-    auto it = workers_.find(slot);
-    return it != workers_.end() && it->second.proc && !it->second.proc->reaped();
-  };
-  std::vector<HostSlots> all = hosts_.Available();
-  std::vector<std::string> survivors, fresh;
-  // Survivors keep their place on hosts that are still listed (blacklisting only stops new
-  // launches); slots beyond a host's new count, or on hosts no longer listed, are removed.
+  PlanInput in;
+  in.listed = last_listed_;
+  in.available = hosts_.Available();
+  in.host_order = last_listed_order_;
+  in.holders = holders_;
+  in.max_np = opts_.max_np > 0 ? static_cast<size_t>(opts_.max_np) : 0;
   for (const auto& [slot, w] : workers_) {
-    if (!alive(slot)) continue;
-    bool still_listed = false;
-    for (const auto& h : last_listed_) {
-      if (h.host == w.host && w.index < h.slots) still_listed = true;
-    }
-    if (still_listed) survivors.push_back(slot);
-  }
-  for (const auto& h : all) {
-    for (int i = 0; i < h.slots; ++i) {
-      std::string slot = h.host + ":" + std::to_string(i);
-      if (!alive(slot) && !busy(slot)) fresh.push_back(slot);
+    if (!w.proc || w.proc->reaped()) continue;
+    if (!w.dropped && !w.removed) {
+      in.alive.insert(slot);
+    } else {
+      in.busy.insert(slot);
     }
   }
-  // Order everything host by host (first-seen order), slots in order; cap at max_np with
-  // survivors first.
-  const std::vector<std::string>& host_order = last_listed_order_;
-  auto key = [&](const std::string& slot) {
-    std::string host = slot.substr(0, slot.rfind(':'));
-    int idx = std::stoi(slot.substr(slot.rfind(':') + 1));
-    size_t pos = std::find(host_order.begin(), host_order.end(), host) - host_order.begin();
-    return std::make_pair(pos, idx);
-  };
-  auto by_key = [&](const std::string& a, const std::string& b) { return key(a) < key(b); };
-  std::sort(survivors.begin(), survivors.end(), by_key);
-  std::sort(fresh.begin(), fresh.end(), by_key);
-  size_t cap = opts_.max_np > 0 ? static_cast<size_t>(opts_.max_np) : SIZE_MAX;
-  std::vector<std::string> plan;
-  for (const auto& s : survivors) {
-    if (plan.size() < cap) plan.push_back(s);
-  }
-  for (const auto& s : fresh) {
-    if (plan.size() < cap) plan.push_back(s);
-  }
-  std::sort(plan.begin(), plan.end(), by_key);
-  // Rank 0 is always a holder of the committed state when there is one.
-  for (size_t i = 0; i < plan.size(); ++i) {
-    if (holders_.count(plan[i])) {
-      std::rotate(plan.begin(), plan.begin() + static_cast<long>(i),
-                  plan.begin() + static_cast<long>(i) + 1);
-      break;
-    }
-  }
+  auto alive = [&](const std::string& slot) { return in.alive.count(slot) > 0; };
+  std::vector<std::string> plan = PlanMembers(in);
   size_t need = static_cast<size_t>(started_ ? opts_.min_np : opts_.np);
   if (plan.size() < need) {
     if (wait_until_ == TimePoint::max()) {
@@ -112,29 +73,7 @@ void Driver::Replan(const std::string& reason) {
   ++round_;
   bool sync = round_ == 0 || std::any_of(plan.begin(), plan.end(),
                                          [&](const std::string& s) { return !holders_.count(s); });
-  // Assignments: local and cross ranks by host.
-  std::map<std::string, Assignment> assign;
-  std::vector<std::string> hosts_in_round;
-  std::map<std::string, int> local_count;
-  for (const auto& s : plan) {
-    std::string host = s.substr(0, s.rfind(':'));
-    if (!local_count.count(host)) hosts_in_round.push_back(host);
-    ++local_count[host];
-  }
-  std::map<std::string, int> local_next;
-  for (size_t r = 0; r < plan.size(); ++r) {
-    std::string host = plan[r].substr(0, plan[r].rfind(':'));
-    Assignment a;
-    a.rank = static_cast<int>(r);
-    a.size = static_cast<int>(plan.size());
-    a.local_rank = local_next[host]++;
-    a.local_size = local_count[host];
-    a.cross_rank = static_cast<int>(std::find(hosts_in_round.begin(), hosts_in_round.end(), host) -
-                                    hosts_in_round.begin());
-    a.cross_size = static_cast<int>(hosts_in_round.size());
-    a.sync_required = sync;
-    assign[plan[r]] = a;
-  }
+  std::map<std::string, Assignment> assign = AssignRanks(plan, sync);
   std::vector<std::string> removed;
   for (auto& [slot, w] : workers_) {
     if (alive(slot) && std::find(plan.begin(), plan.end(), slot) == plan.end()) {
@@ -165,8 +104,7 @@ void Driver::Replan(const std::string& reason) {
     Worker& w = workers_[slot];
     if (w.slot.empty()) {
       w.slot = slot;
-      w.host = slot.substr(0, slot.rfind(':'));
-      w.index = std::stoi(slot.substr(slot.rfind(':') + 1));
+      std::tie(w.host, w.index) = SplitSlot(slot);
       w.local = IsLocalHost(w.host);
     }
     if (!alive(slot)) Launch(w);

@@ -260,3 +260,10 @@ def test_first_discovery_failure_is_fatal_and_shows_stderr(elastic_run, example,
     rc, out = run([elastic_run, "--min-np", "1", "--host-discovery-script", str(script), example])
     assert rc == 1, out
     assert "no credentials for the cloud API" in out and "exited with status 4" in out
+
+
+def test_the_example_gives_the_same_model_at_1_2_and_4_workers(elastic_run, example, baseline):
+    for np in (1, 4):
+        rc, out = run([elastic_run, "-np", str(np), example, "--epochs", "6"])
+        assert rc == 0, out
+        assert baseline in out

@@ -1,0 +1,125 @@
+#include "driver/plan.h"
+
+#include <catch2/catch.hpp>
+#include <random>
+
+namespace elastic::driver {
+namespace {
+
+using discovery::HostSlots;
+
+TEST_CASE("plan: host by host in first-seen order, slots in order, capped", "[unit]") {
+  PlanInput in;
+  in.listed = in.available = {{"b", 2}, {"a", 3}};
+  in.host_order = {"b", "a"};
+  CHECK(PlanMembers(in) == std::vector<std::string>{"b:0", "b:1", "a:0", "a:1", "a:2"});
+  in.max_np = 3;
+  CHECK(PlanMembers(in) == std::vector<std::string>{"b:0", "b:1", "a:0"});
+}
+
+TEST_CASE("plan: rank 0 is a survivor holding the state; survivors win the cap", "[unit]") {
+  PlanInput in;
+  in.listed = in.available = {{"new", 2}, {"old", 2}};
+  in.host_order = {"new", "old"};
+  in.alive = {"old:1"};
+  in.holders = {"old:1"};
+  in.max_np = 2;
+  auto plan = PlanMembers(in);
+  REQUIRE(plan.size() == 2);
+  CHECK(plan[0] == "old:1");
+  CHECK(plan[1] == "new:0");
+}
+
+TEST_CASE("plan: blacklisted hosts keep their survivors but get no new workers", "[unit]") {
+  PlanInput in;
+  in.listed = {{"a", 3}, {"b", 1}};
+  in.available = {{"b", 1}};  // a is blacklisted
+  in.host_order = {"a", "b"};
+  in.alive = {"a:0", "a:2"};
+  in.busy = {"a:1"};  // the failed one, still exiting
+  in.holders = {"a:0", "a:2"};
+  CHECK(PlanMembers(in) == std::vector<std::string>{"a:0", "a:2", "b:0"});
+}
+
+TEST_CASE("plan: slots of hosts no longer listed, or beyond a smaller count, are dropped",
+          "[unit]") {
+  PlanInput in;
+  in.listed = in.available = {{"a", 1}};
+  in.host_order = {"a", "gone"};
+  in.alive = {"a:0", "a:1", "gone:0"};
+  in.holders = in.alive;
+  CHECK(PlanMembers(in) == std::vector<std::string>{"a:0"});
+}
+
+TEST_CASE("assign: local and cross ranks by host", "[unit]") {
+  auto a = AssignRanks({"x:0", "y:0", "x:1", "y:1", "y:2"}, true);
+  CHECK(a["x:1"].rank == 2);
+  CHECK(a["x:1"].local_rank == 1);
+  CHECK(a["x:1"].local_size == 2);
+  CHECK(a["y:2"].local_rank == 2);
+  CHECK(a["y:2"].local_size == 3);
+  CHECK(a["y:0"].cross_rank == 1);
+  CHECK(a["x:0"].cross_size == 2);
+  CHECK(a["y:1"].size == 5);
+  CHECK(a["y:1"].sync_required);
+}
+
+// Property: over random host sets, survivors and caps, the plan is a set of distinct listed
+// slots within the cap, keeps every survivor the cap allows, and starts with a holder when
+// any member holds the state.
+TEST_CASE("plan property: random inputs", "[unit]") {
+  auto seed = GENERATE(range(1, 201));
+  std::mt19937 rng(seed);
+  PlanInput in;
+  int hosts = 1 + rng() % 5;
+  for (int h = 0; h < hosts; ++h) {
+    std::string name = "h" + std::to_string(h);
+    in.host_order.push_back(name);
+    if (rng() % 5 == 0) continue;  // not listed now
+    HostSlots hs{name, 1 + static_cast<int>(rng() % 4)};
+    in.listed.push_back(hs);
+    if (rng() % 4 != 0) in.available.push_back(hs);
+  }
+  for (const auto& h : in.host_order) {
+    for (int i = 0; i < 4; ++i) {
+      std::string slot = h + ":" + std::to_string(i);
+      int r = rng() % 6;
+      if (r == 0) in.alive.insert(slot);
+      if (r == 1) in.busy.insert(slot);
+      if (r == 0 && rng() % 2) in.holders.insert(slot);
+    }
+  }
+  in.max_np = rng() % 3 == 0 ? 0 : 1 + rng() % 10;
+  auto plan = PlanMembers(in);
+  INFO("seed " << seed);
+  std::set<std::string> distinct(plan.begin(), plan.end());
+  CHECK(distinct.size() == plan.size());
+  if (in.max_np > 0) CHECK(plan.size() <= in.max_np);
+  size_t listed_survivors = 0;
+  for (const auto& slot : plan) {
+    auto [host, index] = SplitSlot(slot);
+    bool listed = false;
+    for (const auto& h : in.listed) listed |= h.host == host && index < h.slots;
+    CHECK(listed);
+    CHECK(in.busy.count(slot) == 0);
+    if (!in.alive.count(slot)) {
+      bool available = false;
+      for (const auto& h : in.available) available |= h.host == host;
+      CHECK(available);
+    }
+  }
+  for (const auto& slot : in.alive) {
+    auto [host, index] = SplitSlot(slot);
+    for (const auto& h : in.listed) listed_survivors += h.host == host && index < h.slots;
+  }
+  size_t cap = in.max_np ? in.max_np : SIZE_MAX;
+  size_t kept = 0;
+  for (const auto& s : plan) kept += in.alive.count(s);
+  CHECK(kept == std::min(listed_survivors, cap));
+  bool any_holder = false;
+  for (const auto& s : plan) any_holder |= in.holders.count(s) > 0;
+  if (any_holder) CHECK(in.holders.count(plan[0]) == 1);
+}
+
+}  // namespace
+}  // namespace elastic::driver
