@@ -112,10 +112,10 @@ int main(int argc, char** argv) {
   state.Register("epoch", &epoch);
   state.AddSampler("sampler", &sampler);
 
-  // Per-step ledger lines written at commit time; steps rolled back are dropped.
-  std::vector<std::string> pending;
+  // The ledger (for the exactly-once test): each rank writes the indices of each step before
+  // the step's allreduce, tagged with epoch, step and round. A step that is rolled back and
+  // trained again appears again with a newer round, which supersedes the old lines.
   FILE* ledger = nullptr;
-  state.OnReset([&] { pending.clear(); });
 
   elastic::Run(state, [&](elastic::State&) {
     elastic::Agent& agent = elastic::Init();
@@ -156,25 +156,19 @@ int main(int argc, char** argv) {
         stats[1] += 1;
         line += (line.empty() ? "" : ",") + std::to_string(i);
       }
+      if (ledger) {
+        std::fprintf(ledger, "%lld %lld %lld %d %s\n", static_cast<long long>(epoch),
+                     static_cast<long long>(step + 1),
+                     static_cast<long long>(agent.assignment().round), comm.rank(), line.c_str());
+        std::fflush(ledger);
+      }
       comm.AllreduceMany({{grad.data(), grad.size(), elastic::DataType::kF64},
                           {stats.data(), stats.size(), elastic::DataType::kF64}},
                          elastic::ReduceOp::kSum);
       for (int j = 0; j <= D; ++j) model[j] -= o.lr * grad[j] / stats[1];
       ++step;
-      if (ledger) {
-        pending.push_back(std::to_string(epoch) + " " + std::to_string(step) + " " +
-                          std::to_string(agent.assignment().round) + " " +
-                          std::to_string(comm.rank()) + " " + line);
-      }
       if (o.step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.step_ms));
-      if (step % o.commit_every == 0 || sampler.EpochDone()) {
-        if (ledger) {
-          for (const auto& l : pending) std::fprintf(ledger, "%s\n", l.c_str());
-          std::fflush(ledger);
-          pending.clear();
-        }
-        state.Commit();
-      }
+      if (step % o.commit_every == 0 || sampler.EpochDone()) state.Commit();
     }
   });
   if (elastic::Init().comm().rank() == 0) {
