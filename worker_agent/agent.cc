@@ -84,11 +84,15 @@ StatusOr<std::unique_ptr<Agent>> Agent::Create(WorkerEnv env, AgentOptions optio
 }
 
 Agent::~Agent() {
+  StopWatch();
+  std::lock_guard<std::mutex> g(comm_mu_);
+  comm_.reset();
+}
+
+void Agent::StopWatch() {
   stopping_.store(true);
   client_->CancelWatch();
   if (watch_.joinable()) watch_.join();
-  std::lock_guard<std::mutex> g(comm_mu_);
-  comm_.reset();
 }
 
 void Agent::WatchLoop() {
@@ -219,9 +223,16 @@ void Agent::ReportFailed(const std::string& message) {
   SendReport(rendezvous::ReportKind::kFailed, 0, 0, 0, message);
 }
 
+namespace {
+std::unique_ptr<Agent>& ProcessAgent() {
+  static std::unique_ptr<Agent>* agent = new std::unique_ptr<Agent>();  // never destroyed
+  return *agent;
+}
+}  // namespace
+
 Agent& Init(AgentOptions options) {
-  static std::unique_ptr<Agent> agent;
   static std::once_flag once;
+  std::unique_ptr<Agent>& agent = ProcessAgent();
   std::call_once(once, [&] {
     // Worker logs go to stderr, so the training program's stdout stays its own.
     Status logging = InitLogging("", "worker");
@@ -237,6 +248,9 @@ Agent& Init(AgentOptions options) {
       std::exit(2);
     }
     agent = std::move(a).value();
+    // At exit, the Watch thread stops before static objects (spdlog's registry among them)
+    // are destroyed: registered after them, this handler runs before their destructors.
+    std::atexit([] { ProcessAgent()->StopWatch(); });
     auto joined = agent->JoinNextRound();
     if (!joined.ok()) {
       std::fprintf(stderr, "elastic: %s\n", joined.status().ToString().c_str());

@@ -60,6 +60,9 @@ class Agent {
   // WorkerLostError.
   void CheckHostUpdates();
 
+  // Stops the Watch thread (idempotent). Called at process exit for the Init() agent.
+  void StopWatch();
+
   // Best-effort reports to the driver (failures are logged, not fatal).
   void ReportCommitted(int64_t step, int64_t epoch, int64_t cursor,
                        const std::string& message = "");
