@@ -84,15 +84,19 @@ class Driver : public rendezvous::Listener {
   }
 
  private:
+  // Reports are the one event a worker can send at will: beyond a bound they are dropped, so
+  // a flood cannot grow the queue without limit.
   void Post(Posted p) {
     {
       std::lock_guard<std::mutex> g(post_mu_);
+      if (p.kind == Posted::kReport && posted_.size() >= kMaxPosted) return;
       posted_.push_back(std::move(p));
     }
     uint64_t one = 1;
     ssize_t ignored = write(wake_fd_, &one, sizeof one);
     (void)ignored;
   }
+  static constexpr size_t kMaxPosted = 1 << 16;
   Status Start();
   void Loop();
   void HandlePosted(Posted& p);

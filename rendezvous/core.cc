@@ -136,16 +136,20 @@ void Core::TryForm(std::vector<Completion>* out) {
   }
 }
 
-void Core::CompleteJoin(WaiterId id, StatusOr<JoinResult> result, std::vector<Completion>* out) {
-  auto it = joins_.find(id);
-  if (it == joins_.end()) return;
-  auto range = deadlines_.equal_range(it->second.deadline);
+void Core::EraseDeadline(TimePoint deadline, WaiterId id) {
+  auto range = deadlines_.equal_range(deadline);
   for (auto d = range.first; d != range.second; ++d) {
     if (d->second == id) {
       deadlines_.erase(d);
-      break;
+      return;
     }
   }
+}
+
+void Core::CompleteJoin(WaiterId id, StatusOr<JoinResult> result, std::vector<Completion>* out) {
+  auto it = joins_.find(id);
+  if (it == joins_.end()) return;
+  EraseDeadline(it->second.deadline, id);
   auto by_slot = join_by_slot_.find(it->second.slot);
   if (by_slot != join_by_slot_.end() && by_slot->second == id) join_by_slot_.erase(by_slot);
   auto done = std::move(it->second.done);
@@ -157,13 +161,7 @@ void Core::CompleteJoin(WaiterId id, StatusOr<JoinResult> result, std::vector<Co
 void Core::CompleteGet(WaiterId id, StatusOr<Values> result, std::vector<Completion>* out) {
   auto it = gets_.find(id);
   if (it == gets_.end()) return;
-  auto range = deadlines_.equal_range(it->second.deadline);
-  for (auto d = range.first; d != range.second; ++d) {
-    if (d->second == id) {
-      deadlines_.erase(d);
-      break;
-    }
-  }
+  EraseDeadline(it->second.deadline, id);
   if (it->second.missing > 0) {
     for (const auto& key : it->second.keys) {
       auto kw = key_waiters_.find(key);

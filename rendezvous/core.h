@@ -125,6 +125,7 @@ class Core {
   void TimerLoop();
   // The helpers below run with mu_ held and append callbacks to run after it is released.
   void TryForm(std::vector<Completion>* out);
+  void EraseDeadline(TimePoint deadline, WaiterId id);
   void CompleteJoin(WaiterId id, StatusOr<JoinResult> result, std::vector<Completion>* out);
   void CompleteGet(WaiterId id, StatusOr<Values> result, std::vector<Completion>* out);
   void ExpireDue(std::vector<Completion>* out, std::vector<std::string>* missing,
