@@ -256,6 +256,7 @@ void Driver::Loop() {
       }
       for (auto& p : batch) HandlePosted(p);
     }
+    std::vector<std::pair<Worker*, int>> exits;
     for (size_t i = 2; i < fds.size(); ++i) {
       if (!fds[i].revents) continue;
       Worker& w = *refs[i].w;
@@ -275,7 +276,7 @@ void Driver::Loop() {
         }
         w.proc->CloseStdout();
         w.proc->CloseStderr();
-        HandleExit(w, code);
+        exits.emplace_back(&w, code);
         continue;
       }
       int fd = refs[i].what == 1 ? w.proc->stdout_fd() : w.proc->stderr_fd();
@@ -292,6 +293,11 @@ void Driver::Loop() {
         }
       }
     }
+    // Failures before clean exits seen at the same moment: a worker that exits 0 right after a
+    // peer died most likely reacted to that death, and must not turn it into the job's end.
+    std::stable_sort(exits.begin(), exits.end(),
+                     [](const auto& a, const auto& b) { return (a.second != 0) > (b.second != 0); });
+    for (auto& [w, code] : exits) HandleExit(*w, code);
     now = SteadyClock::now();
     if (shutting_down_ && now >= kill_at_) {
       for (auto& [slot, w] : workers_) {

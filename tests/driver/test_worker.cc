@@ -4,7 +4,8 @@
 //   sleep              prints "sleeping pid P" and sleeps until killed
 //   print LINES        prints LINES numbered lines on stdout and stderr as fast as it can
 //   lost               allreduce in a loop; rank N-1 prints its pid and waits to be killed;
-//                      the others print "lost detected rank R" on WorkerLostError and exit 0
+//                      the others print "lost detected rank R" on WorkerLostError, join the
+//                      next round and exit 0
 #include <unistd.h>
 
 #include <cmath>
@@ -139,7 +140,10 @@ int Lost(Agent& agent) {
     }
   } catch (const WorkerLostError& e) {
     std::printf("lost detected rank %d: %s\n", c.rank(), e.what());
-    return 0;
+    std::fflush(stdout);
+    // As elastic::Run would: re-form with the survivors, then finish.
+    auto joined = agent.JoinNextRound();
+    return joined.ok() && *joined ? 0 : 1;
   }
   return 1;
 }
