@@ -143,7 +143,9 @@ int Lost(Agent& agent) {
     std::fflush(stdout);
     // As elastic::Run would: re-form with the survivors, then finish.
     auto joined = agent.JoinNextRound();
-    return joined.ok() && *joined ? 0 : 1;
+    if (!joined.ok() || !*joined) return 1;
+    agent.comm().Barrier();  // nobody leaves while a peer still connects to it
+    return 0;
   }
   return 1;
 }
