@@ -57,8 +57,6 @@ bool IsLocalHost(const std::string& host) {
   return host == name;
 }
 
-// Events posted to the loop by other threads.
-
 Status Driver::Start() {
   RETURN_IF_ERROR(log_.Open(opts_.event_log));
   token_ = RandomToken();
@@ -97,8 +95,7 @@ Status Driver::Start() {
   if (host.empty()) {
     char name[256] = {0};
     gethostname(name, sizeof name - 1);
-    host = all_local && opts_.discovery_script.empty() ? "127.0.0.1" : name;
-    if (all_local && !opts_.discovery_script.empty()) host = "127.0.0.1";
+    host = all_local ? "127.0.0.1" : name;
   }
   driver_addr_ = host + ":" + std::to_string(server_->port());
   spdlog::info("rendezvous server on port {}; workers dial {}", server_->port(), driver_addr_);
@@ -137,6 +134,12 @@ void Driver::Launch(Worker& w) {
   if (w.local) {
     spec.argv = opts_.command;
   } else {
+    if (driver_addr_.rfind("127.", 0) == 0 && !warned_loopback_) {
+      warned_loopback_ = true;
+      spdlog::warn("remote slot {} will dial the driver at {}, a loopback address; pass "
+                   "--driver-address with an address the hosts can reach",
+                   w.slot, driver_addr_);
+    }
     char cwd[4096] = {0};
     std::string remote =
         std::string("cd ") + ShellQuote(getcwd(cwd, sizeof cwd) ? cwd : "/") + " && env";

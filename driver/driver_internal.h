@@ -143,6 +143,7 @@ class Driver : public rendezvous::Listener {
   TimePoint recovery_start_{};               // when the current recovery was detected
   bool recovering_ = false;
   bool round_broken_ = false;  // a member of the newest round is gone
+  bool warned_loopback_ = false;
   bool first_commit_logged_ = true;
   bool started_ = false;                        // round 0 formed
   std::vector<HostSlots> last_listed_;          // the last good host set, as listed
