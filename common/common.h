@@ -4,4 +4,5 @@
 #include "common/clock.h"
 #include "common/communicator.h"
 #include "common/logging.h"
+#include "common/process.h"
 #include "common/status.h"

@@ -136,9 +136,10 @@ void Driver::Launch(Worker& w) {
   } else {
     if (driver_addr_.rfind("127.", 0) == 0 && !warned_loopback_) {
       warned_loopback_ = true;
-      spdlog::warn("remote slot {} will dial the driver at {}, a loopback address; pass "
-                   "--driver-address with an address the hosts can reach",
-                   w.slot, driver_addr_);
+      spdlog::warn(
+          "remote slot {} will dial the driver at {}, a loopback address; pass "
+          "--driver-address with an address the hosts can reach",
+          w.slot, driver_addr_);
     }
     char cwd[4096] = {0};
     std::string remote =
@@ -298,8 +299,9 @@ void Driver::Loop() {
     }
     // Failures before clean exits seen at the same moment: a worker that exits 0 right after a
     // peer died most likely reacted to that death, and must not turn it into the job's end.
-    std::stable_sort(exits.begin(), exits.end(),
-                     [](const auto& a, const auto& b) { return (a.second != 0) > (b.second != 0); });
+    std::stable_sort(exits.begin(), exits.end(), [](const auto& a, const auto& b) {
+      return (a.second != 0) > (b.second != 0);
+    });
     for (auto& [w, code] : exits) HandleExit(*w, code);
     now = SteadyClock::now();
     if (shutting_down_ && now >= kill_at_) {

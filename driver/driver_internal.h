@@ -15,10 +15,10 @@
 #include <thread>
 #include <vector>
 
+#include "common/process.h"
 #include "driver/driver.h"
 #include "driver/event_log.h"
 #include "driver/output.h"
-#include "driver/process.h"
 #include "rendezvous/rendezvous.h"
 
 namespace elastic::driver::internal {

@@ -72,7 +72,8 @@ TEST_CASE("the script runner: output, exit code, timeout, cap", "[unit]") {
   SECTION("a script that does not exist") {
     auto d = Discover("/no/such/discover.sh", seconds(5), 1 << 20, 1, nullptr);
     REQUIRE_FALSE(d.ok());
-    CHECK(d.status().message().find("127") != std::string::npos);
+    CHECK(d.status().code() == Code::kNotFound);
+    CHECK(d.status().message().find("does not exist") != std::string::npos);
   }
 }
 

@@ -1,4 +1,4 @@
-#include "driver/process.h"
+#include "common/process.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -13,7 +13,7 @@
 
 extern char** environ;
 
-namespace elastic::driver {
+namespace elastic {
 
 StatusOr<std::string> FindProgram(const std::string& name) {
   if (name.empty()) return NotFound("empty command");
@@ -83,7 +83,7 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
   if (pid < 0) return Internal(std::string("fork: ") + strerror(errno));
   if (pid == 0) {
     setpgid(0, 0);
-    if (spec.die_with_driver) {
+    if (spec.die_with_parent) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(137);
     }
@@ -159,4 +159,4 @@ std::string Process::DescribeExit() const {
   return "signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
 }
 
-}  // namespace elastic::driver
+}  // namespace elastic

@@ -1,5 +1,5 @@
-// Worker processes: fork/exec in their own process group, with stdout/stderr pipes and a
-// pidfd the driver's event loop polls for exit.
+// Child processes (workers, the discovery script): fork/exec in their own process group, with
+// stdout/stderr pipes (non-blocking) and a pidfd to poll for the exit.
 #pragma once
 
 #include <sys/types.h>
@@ -11,12 +11,12 @@
 
 #include "common/status.h"
 
-namespace elastic::driver {
+namespace elastic {
 
 struct LaunchSpec {
   std::vector<std::string> argv;           // program and arguments (argv[0] searched in PATH)
   std::map<std::string, std::string> env;  // added to the driver's environment
-  bool die_with_driver = true;             // PR_SET_PDEATHSIG(SIGKILL) in the child
+  bool die_with_parent = true;  // PR_SET_PDEATHSIG(SIGKILL): dies with the thread that started it
 };
 
 class Process {
@@ -53,4 +53,4 @@ StatusOr<std::string> FindProgram(const std::string& name);
 // Quotes a word for /bin/sh.
 std::string ShellQuote(const std::string& s);
 
-}  // namespace elastic::driver
+}  // namespace elastic
