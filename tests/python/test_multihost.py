@@ -1,0 +1,91 @@
+"""Several hosts on one machine: network namespaces with their own addresses, joined by a
+bridge; workers start in them through --launcher-template 'ip netns exec {host} ...'. Needs
+root and iproute2; skipped cleanly elsewhere. Only addresses this test creates are used."""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import uuid
+
+import pytest
+
+from helpers import Job, run
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2")
+
+SUBNET = "10.213.77"  # a private /24 that exists only on this test's bridge
+
+
+def sh(*args):
+    subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+@pytest.fixture
+def hosts():
+    """Two namespaces, h1 and h2, on a bridge; the driver is the bridge's address."""
+    tag = uuid.uuid4().hex[:6]
+    bridge, names = f"elbr{tag}", [f"el{tag}h1", f"el{tag}h2"]
+    try:
+        sh("ip", "link", "add", bridge, "type", "bridge")
+        sh("ip", "addr", "add", f"{SUBNET}.1/24", "dev", bridge)
+        sh("ip", "link", "set", bridge, "up")
+        for i, ns in enumerate(names):
+            veth, peer = f"elv{tag}{i}", f"elp{tag}{i}"
+            sh("ip", "netns", "add", ns)
+            sh("ip", "link", "add", veth, "type", "veth", "peer", "name", peer)
+            sh("ip", "link", "set", peer, "netns", ns)
+            sh("ip", "link", "set", veth, "master", bridge)
+            sh("ip", "link", "set", veth, "up")
+            sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{SUBNET}.{11 + i}/24", "dev", peer)
+            sh("ip", "netns", "exec", ns, "ip", "link", "set", peer, "up")
+            sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+    except subprocess.CalledProcessError as e:
+        pytest.skip(f"network namespaces unavailable: {e.stderr.decode().strip()}")
+    yield names
+    for ns in names:
+        pids = subprocess.run(["ip", "netns", "pids", ns], stdout=subprocess.PIPE,
+                              text=True).stdout.split()
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
+    subprocess.run(["ip", "link", "del", bridge], stderr=subprocess.DEVNULL)
+
+
+def launcher_args(names, slots=2):
+    return ["-H", ",".join(f"{n}:{slots}" for n in names), "--driver-address", f"{SUBNET}.1",
+            "--launcher-template", "ip netns exec {host} sh -c {command}"]
+
+
+def test_collectives_across_namespace_hosts(elastic_run, test_worker, hosts):
+    rc, out = run([elastic_run, "-np", "4"] + launcher_args(hosts) + [test_worker, "collectives"])
+    assert rc == 0, out
+    for r in range(4):
+        assert f"[{r}]<stdout>:collectives ok rank {r} of 4" in out
+
+
+def test_a_host_that_dies_leaves_the_other_training(elastic_run, build_dir, hosts, tmp_path):
+    example = str(build_dir / "examples" / "logistic_regression")
+    baseline_rc, baseline = run([elastic_run, "-np", "2", example, "--epochs", "6"])
+    assert baseline_rc == 0, baseline
+    final = re.search(r"final: .*$", baseline, re.M).group(0)
+    job = Job([elastic_run, "-np", "4", "--min-np", "2"] + launcher_args(hosts) +
+              [example, "--epochs", "6", "--step-ms", "10"])
+    try:
+        job.wait_for(r"epoch 0 done")
+        # The whole second host goes: every process in its namespace is killed.
+        pids = subprocess.run(["ip", "netns", "pids", hosts[1]], stdout=subprocess.PIPE,
+                              text=True).stdout.split()
+        assert pids
+        for pid in pids:
+            os.kill(int(pid), signal.SIGKILL)
+        assert job.wait() == 0, job.text()
+        assert final in job.text()
+        survivors = re.escape(f"2 worker(s) [{hosts[0]}:0 {hosts[0]}:1]")
+        assert re.search(r"round \d+: " + survivors, job.text())
+    finally:
+        job.kill()
