@@ -155,7 +155,14 @@ void Driver::Launch(Worker& w) {
       }
       spec.argv = {"/bin/sh", "-c", cmd};
     } else {
-      spec.argv = {"ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", w.host, remote};
+      spec.argv = {"ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"};
+      if (opts_.ssh_port > 0) {
+        spec.argv.insert(spec.argv.end(), {"-p", std::to_string(opts_.ssh_port)});
+      }
+      if (!opts_.ssh_identity_file.empty()) {
+        spec.argv.insert(spec.argv.end(), {"-i", opts_.ssh_identity_file});
+      }
+      spec.argv.insert(spec.argv.end(), {w.host, remote});
     }
   }
   auto proc = Process::Start(spec);

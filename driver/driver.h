@@ -41,6 +41,8 @@ struct DriverOptions {
   std::string driver_address;  // host workers dial; default: 127.0.0.1 for local jobs
   std::string network_interface;
   std::string launcher = "ssh";
+  int ssh_port = 0;               // 0: ssh's default
+  std::string ssh_identity_file;  // "": ssh's default keys
   std::string launcher_template;  // e.g. "ip netns exec {host} sh -c {command}"
   std::string output_dir;
   std::string event_log;

@@ -91,6 +91,10 @@ int main(int argc, char** argv) {
                  "Interface the workers' collectives bind to (ELASTIC_IFACE)");
   app.add_option("--launcher", o.launcher, "How remote workers start: ssh")
       ->check(CLI::IsMember({"ssh"}));
+  app.add_option("--ssh-port", o.ssh_port, "Port of the hosts' sshd (ssh launcher)")
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--ssh-identity-file", o.ssh_identity_file, "Private key for ssh (ssh launcher)")
+      ->check(CLI::ExistingFile);
   app.add_option(
       "--launcher-template", o.launcher_template,
       "Command that runs {command} on {host}, e.g. 'kubectl exec {host} -- sh -c {command}'");

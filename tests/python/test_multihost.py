@@ -89,3 +89,58 @@ def test_a_host_that_dies_leaves_the_other_training(elastic_run, build_dir, host
         assert re.search(r"round \d+: " + survivors, job.text())
     finally:
         job.kill()
+
+
+@pytest.fixture
+def sshd_hosts(hosts, tmp_path):
+    """An sshd in each namespace host (port 2222, its own keys and config under tmp_path)."""
+    if shutil.which("sshd") is None and not os.path.exists("/usr/sbin/sshd"):
+        pytest.skip("openssh-server is not installed")
+    key = tmp_path / "client_key"
+    host_key = tmp_path / "host_key"
+    sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
+    sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key))
+    (tmp_path / "authorized_keys").write_text((tmp_path / "client_key.pub").read_text())
+    os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory
+    procs = []
+    for i, ns in enumerate(hosts):
+        addr = f"{SUBNET}.{11 + i}"
+        cfg = tmp_path / f"sshd_{i}.conf"
+        cfg.write_text(f"""ListenAddress {addr}
+Port 2222
+HostKey {host_key}
+AuthorizedKeysFile {tmp_path}/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PidFile {tmp_path}/sshd_{i}.pid
+""")
+        procs.append(subprocess.Popen(["ip", "netns", "exec", ns, "/usr/sbin/sshd", "-D", "-e",
+                                       "-f", str(cfg)], stderr=subprocess.DEVNULL))
+    addrs = [f"{SUBNET}.{11 + i}" for i in range(len(hosts))]
+    # Wait (bounded) until both accept a login.
+    for addr in addrs:
+        for _ in range(100):
+            ok = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                                 "-o", "ConnectTimeout=2", "-p", "2222", "-i", str(key), addr,
+                                 "true"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if ok.returncode == 0:
+                break
+        else:
+            pytest.skip(f"sshd in the namespace at {addr} does not accept logins")
+    yield addrs, str(key)
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_ssh_launcher_runs_workers_on_namespace_hosts(elastic_run, test_worker, sshd_hosts):
+    addrs, key = sshd_hosts
+    rc, out = run([elastic_run, "-np", "4", "-H", ",".join(f"{a}:2" for a in addrs),
+                   "--driver-address", f"{SUBNET}.1", "--ssh-port", "2222",
+                   "--ssh-identity-file", key, test_worker, "collectives"])
+    assert rc == 0, out
+    for r in range(4):
+        assert f"[{r}]<stdout>:collectives ok rank {r} of 4" in out
