@@ -10,6 +10,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <csignal>
 #include <cstring>
 
 namespace elastic::worker_agent {
@@ -172,6 +173,9 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(RoundStore*
     return InvalidArgument("bad topology: rank " + std::to_string(topo.rank) + " of " +
                            std::to_string(topo.size));
   }
+  // Gloo writes to its peers' sockets without MSG_NOSIGNAL on some paths: a peer that dies
+  // must surface as WorkerLostError, not kill this process with SIGPIPE.
+  signal(SIGPIPE, SIG_IGN);
   try {
     gloo::transport::tcp::attr attr;
     if (!options.iface.empty()) {

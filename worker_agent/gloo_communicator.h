@@ -39,6 +39,7 @@ class GlooCommunicator : public Communicator {
  public:
   // Connects the full mesh of `topo.size` ranks through `store` (keys "0".."size-1").
   // Returns UNAVAILABLE / DEADLINE_EXCEEDED (with Gloo's message) when peers do not show up.
+  // Sets SIGPIPE to ignored for the process: a dead peer must not kill this one.
   static StatusOr<std::unique_ptr<GlooCommunicator>> Create(RoundStore* store, const Topology& topo,
                                                             const GlooOptions& options);
   ~GlooCommunicator() override;
