@@ -45,11 +45,6 @@ int64_t Core::formed_round() const {
   return formed_round_;
 }
 
-int64_t Core::proposed_round() const {
-  std::lock_guard<std::mutex> g(mu_);
-  return proposed_.round;
-}
-
 size_t Core::stored_keys() const {
   std::lock_guard<std::mutex> g(mu_);
   return store_.size();

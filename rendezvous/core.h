@@ -73,7 +73,6 @@ class Core {
   Status ProposeRound(int64_t round, std::map<std::string, Assignment> members,
                       const std::vector<std::string>& removed);
   int64_t formed_round() const;
-  int64_t proposed_round() const;  // -1 when none is pending
   EventHub& events() { return events_; }
 
   // --- worker side ---

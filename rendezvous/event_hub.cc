@@ -47,11 +47,6 @@ void EventHub::PublishAll(const Event& event) {
   }
 }
 
-void EventHub::Clear(const std::string& slot) {
-  std::lock_guard<std::mutex> g(mu_);
-  last_event_.erase(slot);
-}
-
 void EventHub::Close() {
   std::lock_guard<std::mutex> g(mu_);
   if (closed_) return;
@@ -63,11 +58,6 @@ void EventHub::Close() {
 size_t EventHub::watcher_count() const {
   std::lock_guard<std::mutex> g(mu_);
   return subs_.size();
-}
-
-bool EventHub::watched(const std::string& slot) const {
-  std::lock_guard<std::mutex> g(mu_);
-  return per_slot_.count(slot) > 0;
 }
 
 }  // namespace elastic::rendezvous

@@ -29,12 +29,9 @@ class EventHub {
   void Unsubscribe(uint64_t id);
   void Publish(const std::string& slot, const Event& event);
   void PublishAll(const Event& event);
-  // Forgets the sticky last event of a slot (when it starts a new round).
-  void Clear(const std::string& slot);
   // Sends SHUTDOWN to everyone and refuses new subscriptions.
   void Close();
   size_t watcher_count() const;
-  bool watched(const std::string& slot) const;
 
  private:
   struct Sub {

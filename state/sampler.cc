@@ -35,13 +35,6 @@ void ElasticSampler::SetEpoch(int64_t epoch) {
   BuildPermutation();
 }
 
-int64_t ElasticSampler::StepsLeft(int batch_per_rank) const {
-  int64_t per_step = static_cast<int64_t>(batch_per_rank) * size_;
-  if (per_step <= 0) return 0;
-  int64_t left = num_samples_ - cursor_;
-  return left <= 0 ? 0 : (left + per_step - 1) / per_step;
-}
-
 ElasticSampler::Batch ElasticSampler::Next(int batch_per_rank) {
   Batch b;
   if (num_samples_ == 0 || batch_per_rank <= 0) return b;

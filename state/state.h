@@ -46,8 +46,6 @@ class ElasticSampler {
   int64_t epoch() const { return epoch_; }
   int64_t cursor() const { return cursor_; }
   int64_t num_samples() const { return num_samples_; }
-  // Steps left in the epoch at `batch_per_rank` and the current size.
-  int64_t StepsLeft(int batch_per_rank) const;
 
   // The state that commits carry: epoch and cursor (the permutation is derived).
   std::string Serialize() const;
