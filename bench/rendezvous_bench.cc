@@ -103,7 +103,7 @@ Result RunOnce(int n) {
       Client client(o);
       ready.fetch_add(1);
       while (!go.load()) std::this_thread::yield();
-      auto a = client.Join(Slot(i), -1, std::chrono::seconds(60));
+      auto a = client.Join(Slot(i), -1, 0, std::chrono::seconds(60));
       bool ok = a.ok() && a->assignment.rank == i;
       ok = ok && client.Set(0, std::to_string(i), std::string(64, 'a' + i % 26)).ok();
       auto v = ok ? client.Get(0, keys, std::chrono::seconds(60))

@@ -18,22 +18,17 @@ struct PlanInput {
   std::vector<std::string> host_order;          // every host ever listed, first-seen order
   std::set<std::string> alive;                  // slots with a healthy running worker
   std::set<std::string> busy;                   // slots whose process is still going away
-  std::set<std::string> holders;                // slots that hold the committed state
   size_t max_np = 0;                            // 0: no cap
 };
 
 // The members of the next round, in rank order. Survivors keep their place on hosts that are
 // still listed (blacklisting only stops new launches); free slots of available hosts fill up
-// to max_np, survivors first. Ranks go host by host in first-seen order, slots in order,
-// except that rank 0 is always a holder of the committed state when the plan has one.
+// to max_np, survivors first. Ranks go host by host in first-seen order, slots in order. Who
+// becomes rank 0 is decided when the round forms, from the versions the members say they
+// hold (rendezvous::Core), not here.
 std::vector<std::string> PlanMembers(const PlanInput& in);
 
-// Ranks, local and cross ranks (by host, in rank order) for `members`; every assignment
-// carries `sync_required`.
-std::map<std::string, rendezvous::Assignment> AssignRanks(const std::vector<std::string>& members,
-                                                          bool sync_required);
-
-// "host:3" -> ("host", 3).
-std::pair<std::string, int> SplitSlot(const std::string& slot);
+using rendezvous::AssignRanks;
+using rendezvous::SplitSlot;
 
 }  // namespace elastic::driver

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "proto/elastic.grpc.pb.h"
@@ -58,10 +59,12 @@ Status Client::Retry(TimePoint deadline, Fn&& attempt) {
   }
 }
 
-StatusOr<JoinResult> Client::Join(const std::string& slot, int64_t last_round, Duration timeout) {
+StatusOr<JoinResult> Client::Join(const std::string& slot, int64_t last_round, int64_t version,
+                                  Duration timeout) {
   v1::JoinRequest req;
   req.set_slot(slot);
   req.set_last_round(last_round);
+  req.set_version(version);
   v1::JoinResponse resp;
   Status s = Retry(SteadyClock::now() + timeout,
                    [&](grpc::ClientContext* ctx) { return stub_->stub->Join(ctx, req, &resp); });
@@ -89,9 +92,32 @@ StatusOr<std::vector<std::string>> Client::Get(int64_t round, const std::vector<
   for (const auto& k : keys) req.add_keys(k);
   req.set_timeout_ms(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count());
   v1::GetResponse resp;
+  auto cancelled = [&] {
+    return Aborted("the Get of round " + std::to_string(round) +
+                   " was cancelled: the driver aborted that round");
+  };
   // The server waits up to timeout_ms; the call's own deadline leaves a little room beyond it.
-  Status s = Retry(SteadyClock::now() + timeout + std::chrono::seconds(1),
-                   [&](grpc::ClientContext* ctx) { return stub_->stub->Get(ctx, req, &resp); });
+  Status s =
+      Retry(SteadyClock::now() + timeout + std::chrono::seconds(1), [&](grpc::ClientContext* ctx) {
+        {
+          std::lock_guard<std::mutex> g(get_mu_);
+          if (round <= cancelled_round_) {
+            return grpc::Status(grpc::StatusCode::ABORTED, "cancelled");
+          }
+          get_ctxs_.emplace(ctx, round);
+        }
+        grpc::Status st = stub_->stub->Get(ctx, req, &resp);
+        std::lock_guard<std::mutex> g(get_mu_);
+        get_ctxs_.erase(ctx);
+        if (round <= cancelled_round_) {
+          return grpc::Status(grpc::StatusCode::ABORTED, "cancelled");
+        }
+        return st;
+      });
+  if (s.code() == Code::kAborted) {
+    std::lock_guard<std::mutex> g(get_mu_);
+    if (round <= cancelled_round_) return cancelled();
+  }
   if (!s.ok()) return s;
   if (static_cast<size_t>(resp.values_size()) != keys.size()) {
     return Internal("Get returned " + std::to_string(resp.values_size()) + " values for " +
@@ -133,6 +159,14 @@ Status Client::Watch(const std::string& slot, const std::function<void(const Eve
     watch_ctx_ = nullptr;
   }
   return s;
+}
+
+void Client::CancelGets(int64_t round) {
+  std::lock_guard<std::mutex> g(get_mu_);
+  cancelled_round_ = std::max(cancelled_round_, round);
+  for (auto& [ctx, r] : get_ctxs_) {
+    if (r <= round) ctx->TryCancel();
+  }
 }
 
 void Client::CancelWatch() {

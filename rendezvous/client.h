@@ -4,7 +4,9 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -34,10 +36,13 @@ class Client {
   explicit Client(ClientOptions options);
   ~Client();
 
-  // Waits up to `timeout` for a round newer than `last_round` that includes `slot`.
-  StatusOr<JoinResult> Join(const std::string& slot, int64_t last_round, Duration timeout);
+  // Waits up to `timeout` for a round newer than `last_round` that includes `slot`;
+  // `version` is the version of the committed state this worker holds (0: none).
+  StatusOr<JoinResult> Join(const std::string& slot, int64_t last_round, int64_t version,
+                            Duration timeout);
   Status Set(int64_t round, const std::string& key, const std::string& value);
   // Waits server-side, up to `timeout`, until every key exists; values in key order.
+  // ABORTED at once when CancelGets() covered `round`.
   StatusOr<std::vector<std::string>> Get(int64_t round, const std::vector<std::string>& keys,
                                          Duration timeout);
   Status SendReport(const Report& report);
@@ -46,6 +51,9 @@ class Client {
   // `on_open` runs once the stream is established.
   Status Watch(const std::string& slot, const std::function<void(const Event&)>& on_event,
                const std::function<void()>& on_open = nullptr);
+  // Ends every Get of a round <= `round` in progress on other threads, and fails later ones,
+  // with ABORTED: the driver aborted that round. Thread-safe.
+  void CancelGets(int64_t round);
   // Ends a Watch in progress on another thread (it returns CANCELLED). Thread-safe.
   void CancelWatch();
 
@@ -61,6 +69,9 @@ class Client {
   std::mutex watch_mu_;
   grpc::ClientContext* watch_ctx_ = nullptr;  // guarded by watch_mu_
   bool watch_cancelled_ = false;              // guarded by watch_mu_
+  std::mutex get_mu_;
+  std::map<grpc::ClientContext*, int64_t> get_ctxs_;  // Gets in flight, by round; get_mu_
+  int64_t cancelled_round_ = INT64_MIN;               // guarded by get_mu_
 };
 
 }  // namespace elastic::rendezvous

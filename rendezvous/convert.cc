@@ -48,6 +48,9 @@ void ToProto(const Report& r, v1::ReportRequest* out) {
   out->set_epoch(r.epoch);
   out->set_cursor(r.cursor);
   out->set_message(r.message);
+  out->set_version(r.version);
+  out->set_rebuild_seconds(r.rebuild_seconds);
+  out->set_sync_seconds(r.sync_seconds);
 }
 
 bool FromProto(const v1::ReportRequest& r, Report* out) {
@@ -60,6 +63,9 @@ bool FromProto(const v1::ReportRequest& r, Report* out) {
   out->epoch = r.epoch();
   out->cursor = r.cursor();
   out->message = r.message();
+  out->version = r.version();
+  out->rebuild_seconds = r.rebuild_seconds();
+  out->sync_seconds = r.sync_seconds();
   return true;
 }
 

@@ -1,5 +1,6 @@
 #include "rendezvous/core.h"
 
+#include <algorithm>
 #include <future>
 
 namespace elastic::rendezvous {
@@ -10,6 +11,38 @@ bool ValidSlotName(const std::string& slot, size_t max_bytes) {
     if (c <= 0x20 || c >= 0x7f) return false;
   }
   return true;
+}
+
+std::pair<std::string, int> SplitSlot(const std::string& slot) {
+  size_t colon = slot.rfind(':');
+  if (colon == std::string::npos) return {slot, 0};
+  return {slot.substr(0, colon), std::atoi(slot.c_str() + colon + 1)};
+}
+
+std::map<std::string, Assignment> AssignRanks(const std::vector<std::string>& members,
+                                              bool sync_required) {
+  std::vector<std::string> hosts;
+  std::map<std::string, int> local_count;
+  for (const auto& s : members) {
+    std::string host = SplitSlot(s).first;
+    if (!local_count.count(host)) hosts.push_back(host);
+    ++local_count[host];
+  }
+  std::map<std::string, int> local_next;
+  std::map<std::string, Assignment> out;
+  for (size_t r = 0; r < members.size(); ++r) {
+    std::string host = SplitSlot(members[r]).first;
+    Assignment a;
+    a.rank = static_cast<int>(r);
+    a.size = static_cast<int>(members.size());
+    a.local_rank = local_next[host]++;
+    a.local_size = local_count[host];
+    a.cross_rank = static_cast<int>(std::find(hosts.begin(), hosts.end(), host) - hosts.begin());
+    a.cross_size = static_cast<int>(hosts.size());
+    a.sync_required = sync_required;
+    out[members[r]] = a;
+  }
+  return out;
 }
 
 Core::Core(CoreOptions options)
@@ -98,14 +131,49 @@ Status Core::ProposeRound(int64_t round, std::map<std::string, Assignment> membe
 }
 
 void Core::TryForm(std::vector<Completion>* out) {
-  if (proposed_.round < 0) return;
+  if (proposed_.round < 0 || proposed_.state_lost_reported) return;
   for (const auto& [slot, a] : proposed_.members) {
     auto it = join_by_slot_.find(slot);
     if (it == join_by_slot_.end()) return;
     if (joins_.at(it->second).last_round >= proposed_.round) return;
   }
+  // Every member waits. Rank 0 becomes the first (in planned order) holder of the newest
+  // version that the members say they hold.
+  FormedRound info;
+  info.round = proposed_.round;
+  std::vector<std::pair<int, std::string>> planned;
+  for (const auto& [slot, a] : proposed_.members) planned.emplace_back(a.rank, slot);
+  std::sort(planned.begin(), planned.end());
+  for (const auto& p : planned) info.members.push_back(p.second);
+  auto version_of = [&](const std::string& slot) {
+    return joins_.at(join_by_slot_.at(slot)).version;
+  };
+  size_t holder = 0;
+  for (size_t i = 0; i < info.members.size(); ++i) {
+    if (version_of(info.members[i]) > version_of(info.members[holder])) holder = i;
+  }
+  std::rotate(info.members.begin(), info.members.begin() + static_cast<long>(holder),
+              info.members.begin() + static_cast<long>(holder) + 1);
+  info.version = info.members.empty() ? 0 : version_of(info.members[0]);
+  for (const auto& slot : info.members) {
+    info.versions.push_back(version_of(slot));
+    info.sync_required |= info.versions.back() != info.version;
+  }
+  info.sync_required |= info.version == 0;  // no commit: everyone takes rank 0's fresh state
+  info.newest_committed = newest_committed_;
+  info.state_lost = info.version == 0 && newest_committed_ > 0;
+  if (info.state_lost && !options_.start_over_if_state_lost) {
+    proposed_.state_lost_reported = true;
+    if (options_.listener) {
+      Listener* l = options_.listener;
+      out->push_back([l, info] { l->OnStateLost(info); });
+    }
+    return;
+  }
+  if (info.state_lost) newest_committed_ = 0;  // starting over: versions count from 0 again
   formed_round_ = proposed_.round;
-  formed_members_ = std::move(proposed_.members);
+  formed_members_ = AssignRanks(info.members, info.sync_required);
+  for (auto& [slot, a] : formed_members_) a.round = formed_round_;
   proposed_ = Proposal();
   // The old round's scope ends: its keys go and its waiting Gets are told.
   std::vector<WaiterId> stale;
@@ -126,8 +194,7 @@ void Core::TryForm(std::vector<Completion>* out) {
   }
   if (options_.listener) {
     Listener* l = options_.listener;
-    int64_t round = formed_round_;
-    out->push_back([l, round] { l->OnRoundFormed(round); });
+    out->push_back([l, info] { l->OnRoundFormed(info); });
   }
 }
 
@@ -178,8 +245,8 @@ void Core::CompleteGet(WaiterId id, StatusOr<Values> result, std::vector<Complet
       [done = std::move(done), result = std::move(result)]() mutable { done(std::move(result)); });
 }
 
-WaiterId Core::JoinAsync(const std::string& slot, int64_t last_round, TimePoint deadline,
-                         JoinCallback done) {
+WaiterId Core::JoinAsync(const std::string& slot, int64_t last_round, int64_t version,
+                         TimePoint deadline, JoinCallback done) {
   std::vector<Completion> out;
   WaiterId id = 0;
   {
@@ -190,6 +257,8 @@ WaiterId Core::JoinAsync(const std::string& slot, int64_t last_round, TimePoint 
       out.push_back([done] {
         done(InvalidArgument("slot name is empty, too long or has spaces or control bytes"));
       });
+    } else if (version < 0) {
+      out.push_back([done] { done(InvalidArgument("a state version cannot be negative")); });
     } else if (formed_round_ > last_round && formed_members_.count(slot) && proposed_.round < 0) {
       // The current round already includes the slot (a retried Join). With a newer round
       // pending the slot waits for that one instead: it may be a relaunched process.
@@ -208,7 +277,8 @@ WaiterId Core::JoinAsync(const std::string& slot, int64_t last_round, TimePoint 
       if (prev != join_by_slot_.end()) {
         CompleteJoin(prev->second, Aborted("superseded by a newer Join from slot " + slot), &out);
       }
-      joins_.emplace(id, JoinWaiter{slot, last_round, deadline, std::move(done)});
+      newest_committed_ = std::max(newest_committed_, version);
+      joins_.emplace(id, JoinWaiter{slot, last_round, version, deadline, std::move(done)});
       join_by_slot_[slot] = id;
       deadlines_.emplace(deadline, id);
       TryForm(&out);
@@ -219,10 +289,11 @@ WaiterId Core::JoinAsync(const std::string& slot, int64_t last_round, TimePoint 
   return id;
 }
 
-StatusOr<JoinResult> Core::Join(const std::string& slot, int64_t last_round, TimePoint deadline) {
+StatusOr<JoinResult> Core::Join(const std::string& slot, int64_t last_round, int64_t version,
+                                TimePoint deadline) {
   auto promise = std::make_shared<std::promise<StatusOr<JoinResult>>>();
   auto future = promise->get_future();
-  JoinAsync(slot, last_round, deadline,
+  JoinAsync(slot, last_round, version, deadline,
             [promise](StatusOr<JoinResult> r) { promise->set_value(std::move(r)); });
   return future.get();
 }
@@ -370,6 +441,11 @@ Status Core::HandleReport(const Report& report) {
   if (report.message.size() > options_.limits.max_message_bytes) {
     return InvalidArgument("report message is over " +
                            std::to_string(options_.limits.max_message_bytes) + " bytes");
+  }
+  if (report.kind == ReportKind::kCommitted) {
+    if (report.version < 0) return InvalidArgument("a committed version cannot be negative");
+    std::lock_guard<std::mutex> g(mu_);
+    newest_committed_ = std::max(newest_committed_, report.version);
   }
   if (options_.listener) options_.listener->OnReport(report);
   return Status::Ok();

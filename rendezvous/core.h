@@ -1,12 +1,22 @@
 // The rendezvous core: rounds, the per-round key-value store and event fan-out. No gRPC here;
 // the gRPC service (service.h) is a thin adapter over it, and tests drive it directly.
 //
-// Rounds. The driver proposes round r (members with their assignments, and slots that are
-// removed). A Join(slot, last_round) completes when a formed round newer than last_round
-// includes the slot, with REMOVED if the slot was removed, or with DEADLINE_EXCEEDED at its
-// deadline. A proposed round is formed once every member has an outstanding Join; members
-// still missing after the rendezvous timeout are reported through Listener::OnJoinTimeout,
-// and the driver re-plans by proposing a newer round.
+// Rounds. The driver proposes round r (members with their planned assignments, and slots that
+// are removed). A Join(slot, last_round, version) completes when a formed round newer than
+// last_round includes the slot, with REMOVED if the slot was removed, or with
+// DEADLINE_EXCEEDED at its deadline. A proposed round is formed once every member has an
+// outstanding Join; members still missing after the rendezvous timeout are reported through
+// Listener::OnJoinTimeout, and the driver re-plans by proposing a newer round.
+//
+// Versions. Each Join says which version of the committed state the worker holds (the count
+// of commits that made it; 0: none). When a round forms, rank 0 becomes a holder of the
+// newest version among the members (the planned order is kept otherwise), and every member's
+// assignment says sync_required when any member holds another version or none holds a
+// commit. What a worker holds is only ever what it says: the core keeps no other record.
+// If commits were made (a Join or a COMMITTED report said so) but no member holds any, the
+// state is lost: the round does not form and Listener::OnStateLost is called once, unless
+// CoreOptions::start_over_if_state_lost, in which case it forms, synced from rank 0's fresh
+// state, and the listener hears of it through FormedRound::state_lost.
 //
 // Store. Keys live in the scope of the formed round; Set and Get for any other round fail
 // with FAILED_PRECONDITION. When a newer round forms, the old round's keys are dropped and
@@ -40,7 +50,9 @@ namespace elastic::rendezvous {
 class Listener {
  public:
   virtual ~Listener() = default;
-  virtual void OnRoundFormed(int64_t /*round*/) {}
+  virtual void OnRoundFormed(const FormedRound& /*round*/) {}
+  // The proposed round's members hold no commit although commits were made; it stays unformed.
+  virtual void OnStateLost(const FormedRound& /*round*/) {}
   virtual void OnJoinTimeout(int64_t /*round*/, const std::vector<std::string>& /*missing*/) {}
   virtual void OnReport(const Report& /*report*/) {}
   virtual void OnWatchOpened(const std::string& /*slot*/) {}
@@ -52,6 +64,7 @@ struct CoreOptions {
   Duration rendezvous_timeout = std::chrono::seconds(30);
   Limits limits;
   Listener* listener = nullptr;  // not owned; may be null
+  bool start_over_if_state_lost = false;
 };
 
 using WaiterId = uint64_t;
@@ -76,16 +89,19 @@ class Core {
   EventHub& events() { return events_; }
 
   // --- worker side ---
-  WaiterId JoinAsync(const std::string& slot, int64_t last_round, TimePoint deadline,
-                     JoinCallback done);
-  StatusOr<JoinResult> Join(const std::string& slot, int64_t last_round, TimePoint deadline);
+  // `version`: the version of the committed state the worker holds (0: none).
+  WaiterId JoinAsync(const std::string& slot, int64_t last_round, int64_t version,
+                     TimePoint deadline, JoinCallback done);
+  StatusOr<JoinResult> Join(const std::string& slot, int64_t last_round, int64_t version,
+                            TimePoint deadline);
   Status Set(int64_t round, const std::string& key, std::string value);
   WaiterId GetAsync(int64_t round, std::vector<std::string> keys, TimePoint deadline,
                     GetCallback done);
   StatusOr<Values> Get(int64_t round, std::vector<std::string> keys, TimePoint deadline);
   // Ends a waiting Join or Get with CANCELLED; a no-op when it has completed already.
   void Cancel(WaiterId id);
-  // Validates and forwards a report to the listener.
+  // Validates and forwards a report to the listener; a COMMITTED report's version counts
+  // towards the newest version committed.
   Status HandleReport(const Report& report);
 
   // Ends every waiter with UNAVAILABLE, sends SHUTDOWN to every watcher and stops the timer.
@@ -103,6 +119,7 @@ class Core {
   struct JoinWaiter {
     std::string slot;
     int64_t last_round;
+    int64_t version;
     TimePoint deadline;
     JoinCallback done;
   };
@@ -118,6 +135,7 @@ class Core {
     std::map<std::string, Assignment> members;
     TimePoint deadline;
     bool timeout_reported = false;
+    bool state_lost_reported = false;
   };
   using Completion = std::function<void()>;
 
@@ -147,6 +165,7 @@ class Core {
   Proposal proposed_;                                       // guarded by mu_ (round -1: none)
   int64_t latest_proposed_ = -1;                            // guarded by mu_
   int64_t formed_round_ = -1;                               // guarded by mu_
+  int64_t newest_committed_ = 0;                            // guarded by mu_
   std::map<std::string, Assignment> formed_members_;        // guarded by mu_
   std::set<std::string> removed_;                           // guarded by mu_
   // The formed round's store, and who waits on which key.

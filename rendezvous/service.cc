@@ -224,7 +224,7 @@ grpc::ServerUnaryReactor* RendezvousService::Join(grpc::CallbackServerContext* c
   grpc::Status auth = Authenticate(ctx);
   if (!auth.ok()) return FinishNow(ctx, auth);
   auto* reactor = new WaitingReactor(core_, ctx);
-  WaiterId id = core_->JoinAsync(req->slot(), req->last_round(), DeadlineOf(ctx),
+  WaiterId id = core_->JoinAsync(req->slot(), req->last_round(), req->version(), DeadlineOf(ctx),
                                  [reactor, resp](StatusOr<JoinResult> r) {
                                    if (r.ok()) {
                                      resp->set_removed(r->removed);

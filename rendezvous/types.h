@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,17 @@ struct Assignment {
   bool sync_required = false;
 };
 
+// What the core decided when a round formed, from what its members said they hold.
+struct FormedRound {
+  int64_t round = -1;
+  std::vector<std::string> members;  // in rank order
+  std::vector<int64_t> versions;     // the version each member said it holds, in rank order
+  int64_t version = 0;               // the newest among them; rank 0 holds it
+  int64_t newest_committed = 0;      // the newest version any worker ever said or reported
+  bool sync_required = false;        // some member holds another version, or none committed
+  bool state_lost = false;           // commits were made, but no member holds any
+};
+
 struct JoinResult {
   bool removed = false;  // the slot was scaled away; `assignment` is unset
   Assignment assignment;
@@ -57,7 +69,18 @@ struct Report {
   int64_t epoch = 0;
   int64_t cursor = 0;
   std::string message;
+  int64_t version = 0;         // kCommitted: the version this commit made
+  double rebuild_seconds = 0;  // kCommitted, first commit of a round: worker-side phases
+  double sync_seconds = 0;
 };
+
+// Ranks, local and cross ranks (by host, in rank order) for `members` in rank order; every
+// assignment carries `sync_required`. Slots are "host:index".
+std::map<std::string, Assignment> AssignRanks(const std::vector<std::string>& members,
+                                              bool sync_required);
+
+// "host:3" -> ("host", 3).
+std::pair<std::string, int> SplitSlot(const std::string& slot);
 
 // Validates a slot name: non-empty, at most `max_bytes`, printable ASCII without spaces.
 bool ValidSlotName(const std::string& slot, size_t max_bytes);

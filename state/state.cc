@@ -2,10 +2,15 @@
 
 #include <stdexcept>
 
+#include "common/test_hook.h"
+
 namespace elastic {
 
 void State::Commit() {
+  TestHook("before_save", version_ + 1);
   Save();
+  ++version_;
+  TestHook("after_save", version_);
   if (commit_hook_) commit_hook_();
 }
 
@@ -52,8 +57,10 @@ void ObjectState::Restore() {
 
 void ObjectState::Sync(Communicator& comm, int root) {
   // Named values travel as one length-prefixed blob; tracked buffers are broadcast in place.
+  // The blob starts with the root's version; a receiver takes it only once everything came.
   std::string blob;
   if (comm.rank() == root) {
+    blob.append(reinterpret_cast<const char*>(&version_), sizeof version_);
     for (auto& [name, e] : entries_) {
       std::string v = e.serializer.save();
       uint64_t n = v.size();
@@ -63,10 +70,14 @@ void ObjectState::Sync(Communicator& comm, int root) {
   }
   uint64_t size = blob.size();
   comm.Broadcast(&size, sizeof size, root);
+  if (comm.rank() == root) TestHook("sync_root", version_);
   blob.resize(size);
   comm.Broadcast(blob.data(), blob.size(), root);
+  int64_t root_version = version_;
   if (comm.rank() != root) {
-    size_t off = 0;
+    if (blob.size() < sizeof root_version) throw std::runtime_error("sync: state blob too short");
+    std::memcpy(&root_version, blob.data(), sizeof root_version);
+    size_t off = sizeof root_version;
     for (auto& [name, e] : entries_) {
       uint64_t n = 0;
       if (off + sizeof n > blob.size()) throw std::runtime_error("sync: state blob too short");
@@ -80,6 +91,7 @@ void ObjectState::Sync(Communicator& comm, int root) {
   }
   for (auto& [name, t] : tracked_) comm.Broadcast(t.data, t.bytes, root);
   Save();
+  version_ = root_version;
 }
 
 }  // namespace elastic

@@ -72,10 +72,15 @@ class State {
   // Make every rank's values rank `root`'s (then Save()). May throw WorkerLostError.
   virtual void Sync(Communicator& comm, int root) = 0;
 
-  // Save(), then ask whether the driver announced a membership change; if so (agreed by every
-  // rank) throws HostsUpdated right after the save, so no committed work is lost. Set by Run;
-  // without it Commit() only saves.
+  // Save() as the next version, then ask whether the driver announced a membership change; if
+  // so (agreed by every rank) throws HostsUpdated right after the save, so no committed work
+  // is lost. Set by Run; without it Commit() only saves.
   void Commit();
+  // The version of the committed state: how many commits made it (0: none yet, or a newcomer
+  // whose sync has not completed). Restore() keeps it; a completed Sync() takes the root's.
+  // The worker says it in every Join, and the driver picks rank 0 and the need for a sync
+  // from what the members say (DESIGN §3).
+  int64_t version() const { return version_; }
   void SetCommitHook(std::function<void()> hook) { commit_hook_ = std::move(hook); }
   // Called after every reset (new round), e.g. to rebuild an optimizer.
   void OnReset(std::function<void()> callback) { reset_callbacks_.push_back(std::move(callback)); }
@@ -85,6 +90,7 @@ class State {
 
  protected:
   virtual void OnTopology(int /*rank*/, int /*size*/) {}
+  int64_t version_ = 0;
 
  private:
   std::function<void()> commit_hook_;

@@ -17,17 +17,16 @@ TEST_CASE("plan: host by host in first-seen order, slots in order, capped", "[un
   CHECK(PlanMembers(in) == std::vector<std::string>{"b:0", "b:1", "a:0"});
 }
 
-TEST_CASE("plan: rank 0 is a survivor holding the state; survivors win the cap", "[unit]") {
+TEST_CASE("plan: survivors win the cap; ranks in host order", "[unit]") {
   PlanInput in;
   in.listed = in.available = {{"new", 2}, {"old", 2}};
   in.host_order = {"new", "old"};
   in.alive = {"old:1"};
-  in.holders = {"old:1"};
   in.max_np = 2;
   auto plan = PlanMembers(in);
   REQUIRE(plan.size() == 2);
-  CHECK(plan[0] == "old:1");
-  CHECK(plan[1] == "new:0");
+  CHECK(plan[0] == "new:0");
+  CHECK(plan[1] == "old:1");
 }
 
 TEST_CASE("plan: blacklisted hosts keep their survivors but get no new workers", "[unit]") {
@@ -37,7 +36,6 @@ TEST_CASE("plan: blacklisted hosts keep their survivors but get no new workers",
   in.host_order = {"a", "b"};
   in.alive = {"a:0", "a:2"};
   in.busy = {"a:1"};  // the failed one, still exiting
-  in.holders = {"a:0", "a:2"};
   CHECK(PlanMembers(in) == std::vector<std::string>{"a:0", "a:2", "b:0"});
 }
 
@@ -47,7 +45,6 @@ TEST_CASE("plan: slots of hosts no longer listed, or beyond a smaller count, are
   in.listed = in.available = {{"a", 1}};
   in.host_order = {"a", "gone"};
   in.alive = {"a:0", "a:1", "gone:0"};
-  in.holders = in.alive;
   CHECK(PlanMembers(in) == std::vector<std::string>{"a:0"});
 }
 
@@ -86,7 +83,6 @@ TEST_CASE("plan property: random inputs", "[unit]") {
       int r = rng() % 6;
       if (r == 0) in.alive.insert(slot);
       if (r == 1) in.busy.insert(slot);
-      if (r == 0 && rng() % 2) in.holders.insert(slot);
     }
   }
   in.max_np = rng() % 3 == 0 ? 0 : 1 + rng() % 10;
@@ -116,9 +112,6 @@ TEST_CASE("plan property: random inputs", "[unit]") {
   size_t kept = 0;
   for (const auto& s : plan) kept += in.alive.count(s);
   CHECK(kept == std::min(listed_survivors, cap));
-  bool any_holder = false;
-  for (const auto& s : plan) any_holder |= in.holders.count(s) > 0;
-  if (any_holder) CHECK(in.holders.count(plan[0]) == 1);
 }
 
 }  // namespace

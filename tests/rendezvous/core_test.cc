@@ -12,9 +12,15 @@ using std::chrono::seconds;
 // Records what the core tells the driver.
 class RecordingListener : public Listener {
  public:
-  void OnRoundFormed(int64_t round) override {
+  void OnRoundFormed(const FormedRound& f) override {
     std::lock_guard<std::mutex> g(mu);
-    formed.push_back(round);
+    formed.push_back(f.round);
+    formed_info.push_back(f);
+    cv.notify_all();
+  }
+  void OnStateLost(const FormedRound& f) override {
+    std::lock_guard<std::mutex> g(mu);
+    lost.push_back(f);
     cv.notify_all();
   }
   void OnJoinTimeout(int64_t round, const std::vector<std::string>& m) override {
@@ -34,6 +40,8 @@ class RecordingListener : public Listener {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<int64_t> formed;
+  std::vector<FormedRound> formed_info;
+  std::vector<FormedRound> lost;
   int64_t timeout_round = -1;
   std::vector<std::string> missing;
   std::vector<Report> reports;
@@ -66,7 +74,7 @@ std::vector<JoinResult> FormRound(Core& core, int64_t round, const std::vector<s
   std::vector<std::future<StatusOr<JoinResult>>> joins;
   for (const auto& s : slots) {
     joins.push_back(std::async(std::launch::async, [&core, s, last_round] {
-      return core.Join(s, last_round, Far(core));
+      return core.Join(s, last_round, 0, Far(core));
     }));
   }
   REQUIRE(core.ProposeRound(round, Members(slots), {}).ok());
@@ -85,10 +93,10 @@ TEST_CASE("Join waits until every member of the proposed round has joined", "[un
   opts.listener = &listener;
   Core core(opts);
   REQUIRE(core.ProposeRound(0, Members({"h:0", "h:1"}), {}).ok());
-  auto first = std::async(std::launch::async, [&] { return core.Join("h:0", -1, Far(core)); });
+  auto first = std::async(std::launch::async, [&] { return core.Join("h:0", -1, 0, Far(core)); });
   CHECK(first.wait_for(std::chrono::milliseconds(50)) == std::future_status::timeout);
   CHECK(core.formed_round() == -1);
-  auto second = core.Join("h:1", -1, Far(core));
+  auto second = core.Join("h:1", -1, 0, Far(core));
   REQUIRE(second.ok());
   auto a0 = first.get();
   REQUIRE(a0.ok());
@@ -110,7 +118,7 @@ TEST_CASE("round transitions: a newer round re-forms and a stale proposal is ref
   CHECK(r1[1].assignment.size == 2);
   CHECK(core.formed_round() == 1);
   // A Join that asks for a round it already has returns that round at once.
-  auto again = core.Join("b:0", 0, Far(core));
+  auto again = core.Join("b:0", 0, 0, Far(core));
   REQUIRE(again.ok());
   CHECK(again->assignment.round == 1);
 }
@@ -118,14 +126,14 @@ TEST_CASE("round transitions: a newer round re-forms and a stale proposal is ref
 TEST_CASE("a removed slot gets REMOVED, waiting or not", "[unit]") {
   Core core(CoreOptions{});
   FormRound(core, 0, {"a:0", "a:1"}, -1);
-  auto waiting = std::async(std::launch::async, [&] { return core.Join("a:1", 0, Far(core)); });
-  auto keeper = std::async(std::launch::async, [&] { return core.Join("a:0", 0, Far(core)); });
+  auto waiting = std::async(std::launch::async, [&] { return core.Join("a:1", 0, 0, Far(core)); });
+  auto keeper = std::async(std::launch::async, [&] { return core.Join("a:0", 0, 0, Far(core)); });
   REQUIRE(core.ProposeRound(1, Members({"a:0"}), {"a:1"}).ok());
   auto removed = waiting.get();
   REQUIRE(removed.ok());
   CHECK(removed->removed);
   REQUIRE(keeper.get().ok());
-  auto later = core.Join("a:1", 0, Far(core));
+  auto later = core.Join("a:1", 0, 0, Far(core));
   REQUIRE(later.ok());
   CHECK(later->removed);
 }
@@ -140,7 +148,8 @@ TEST_CASE("Join ends at its deadline, and missing members are reported", "[unit]
   Core core(opts);
   REQUIRE(core.ProposeRound(0, Members({"a:0", "b:0"}), {}).ok());
   TimePoint join_deadline = clock.Now() + seconds(20);
-  auto join = std::async(std::launch::async, [&] { return core.Join("a:0", -1, join_deadline); });
+  auto join =
+      std::async(std::launch::async, [&] { return core.Join("a:0", -1, 0, join_deadline); });
   REQUIRE(WaitPending(core, 1));
   clock.Advance(seconds(11));
   REQUIRE(listener.WaitTimeout());
@@ -157,7 +166,7 @@ TEST_CASE("Join ends at its deadline, and missing members are reported", "[unit]
   CHECK(r->assignment.size == 1);
 
   TimePoint late_deadline = clock.Now() + seconds(5);
-  auto late = std::async(std::launch::async, [&] { return core.Join("z:0", 1, late_deadline); });
+  auto late = std::async(std::launch::async, [&] { return core.Join("z:0", 1, 0, late_deadline); });
   clock.Advance(seconds(6));
   auto lr = late.get();
   CHECK(lr.status().code() == Code::kDeadlineExceeded);
@@ -241,7 +250,7 @@ TEST_CASE("shutdown ends every waiter with UNAVAILABLE", "[unit]") {
   Core core(CoreOptions{});
   FormRound(core, 0, {"a:0"}, -1);
   auto get = std::async(std::launch::async, [&] { return core.Get(0, {"never"}, Far(core)); });
-  auto join = std::async(std::launch::async, [&] { return core.Join("b:0", 0, Far(core)); });
+  auto join = std::async(std::launch::async, [&] { return core.Join("b:0", 0, 0, Far(core)); });
   // Whether or not the calls are parked yet, each must end with UNAVAILABLE.
   core.Shutdown();
   CHECK(get.get().status().code() == Code::kUnavailable);
@@ -298,7 +307,7 @@ TEST_CASE("many clients as threads form a round and exchange keys", "[unit]") {
   std::vector<std::future<bool>> workers;
   for (int i = 0; i < n; ++i) {
     workers.push_back(std::async(std::launch::async, [&, i] {
-      auto a = core.Join(slots[i], -1, Far(core));
+      auto a = core.Join(slots[i], -1, 0, Far(core));
       if (!a.ok() || a->assignment.rank != i) return false;
       if (!core.Set(0, std::to_string(i), "addr-of-" + std::to_string(i)).ok()) return false;
       auto v = core.Get(0, keys, Far(core));
@@ -330,6 +339,124 @@ TEST_CASE("reports are validated and forwarded", "[unit]") {
   std::lock_guard<std::mutex> g(listener.mu);
   REQUIRE(listener.reports.size() == 1);
   CHECK(listener.reports[0].step == 7);
+}
+
+// Joins `slots` with `versions` (one thread each) to the proposed `round`; returns the results.
+std::vector<StatusOr<JoinResult>> JoinWithVersions(Core& core,
+                                                   const std::vector<std::string>& slots,
+                                                   const std::vector<int64_t>& versions,
+                                                   int64_t last_round) {
+  std::vector<std::future<StatusOr<JoinResult>>> joins;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    joins.push_back(std::async(std::launch::async, [&core, &slots, &versions, i, last_round] {
+      return core.Join(slots[i], last_round, versions[i], core.clock()->Now() + seconds(5));
+    }));
+  }
+  std::vector<StatusOr<JoinResult>> out;
+  for (auto& f : joins) out.push_back(f.get());
+  return out;
+}
+
+TEST_CASE("versions: rank 0 holds the newest version; a sync when any member holds another",
+          "[unit]") {
+  RecordingListener listener;
+  CoreOptions opts;
+  opts.listener = &listener;
+  Core core(opts);
+  // Planned order a:0 a:1 a:2 a:3; a:2 and a:3 hold the newest version (7), a:0 is behind
+  // (a step committed on some ranks only), a:1 is a newcomer.
+  REQUIRE(core.ProposeRound(0, Members({"a:0", "a:1", "a:2", "a:3"}), {}).ok());
+  auto r = JoinWithVersions(core, {"a:0", "a:1", "a:2", "a:3"}, {6, 0, 7, 7}, -1);
+  std::map<std::string, Assignment> got;
+  for (size_t i = 0; i < r.size(); ++i) {
+    REQUIRE(r[i].ok());
+    got[std::string("a:") + std::to_string(i)] = r[i]->assignment;
+  }
+  CHECK(got["a:2"].rank == 0);  // the first holder of 7 in planned order
+  CHECK(got["a:0"].rank == 1);
+  CHECK(got["a:1"].rank == 2);
+  CHECK(got["a:3"].rank == 3);
+  for (auto& [slot, a] : got) CHECK(a.sync_required);
+  std::lock_guard<std::mutex> g(listener.mu);
+  REQUIRE(listener.formed_info.size() == 1);
+  const FormedRound& f = listener.formed_info[0];
+  CHECK(f.members == std::vector<std::string>{"a:2", "a:0", "a:1", "a:3"});
+  CHECK(f.versions == std::vector<int64_t>{7, 6, 0, 7});
+  CHECK(f.version == 7);
+  CHECK(f.sync_required);
+  CHECK_FALSE(f.state_lost);
+}
+
+TEST_CASE("versions: equal versions need no sync; no commit at all always syncs", "[unit]") {
+  Core core(CoreOptions{});
+  REQUIRE(core.ProposeRound(0, Members({"a:0", "a:1"}), {}).ok());
+  auto fresh = JoinWithVersions(core, {"a:0", "a:1"}, {0, 0}, -1);
+  for (auto& r : fresh) {
+    REQUIRE(r.ok());
+    CHECK(r->assignment.sync_required);  // initial states may differ: take rank 0's
+  }
+  REQUIRE(core.ProposeRound(1, Members({"a:0", "a:1"}), {}).ok());
+  auto same = JoinWithVersions(core, {"a:0", "a:1"}, {5, 5}, 0);
+  for (auto& r : same) {
+    REQUIRE(r.ok());
+    CHECK_FALSE(r->assignment.sync_required);
+  }
+  CHECK(same[0]->assignment.rank == 0);
+}
+
+TEST_CASE("versions: a round that holds no commit after commits were made is state lost",
+          "[unit]") {
+  RecordingListener listener;
+  CoreOptions opts;
+  opts.listener = &listener;
+  Core core(opts);
+  REQUIRE(core.ProposeRound(0, Members({"a:0", "a:1"}), {}).ok());
+  REQUIRE(JoinWithVersions(core, {"a:0", "a:1"}, {0, 0}, -1)[0].ok());
+  Report committed;
+  committed.slot = "a:0";
+  committed.kind = ReportKind::kCommitted;
+  committed.version = 4;
+  REQUIRE(core.HandleReport(committed).ok());
+  // Both holders died; their relaunched slots hold nothing.
+  REQUIRE(core.ProposeRound(1, Members({"a:0", "a:1"}), {}).ok());
+  auto r = JoinWithVersions(core, {"a:0", "a:1"}, {0, 0}, 0);
+  for (auto& j : r) CHECK(j.status().code() == Code::kDeadlineExceeded);  // never formed
+  CHECK(core.formed_round() == 0);
+  std::lock_guard<std::mutex> g(listener.mu);
+  REQUIRE(listener.lost.size() == 1);  // said once, however often the members re-join
+  CHECK(listener.lost[0].round == 1);
+  CHECK(listener.lost[0].newest_committed == 4);
+  CHECK(listener.lost[0].state_lost);
+}
+
+TEST_CASE("versions: with start-over, a round without commits forms from rank 0's fresh state",
+          "[unit]") {
+  RecordingListener listener;
+  CoreOptions opts;
+  opts.listener = &listener;
+  opts.start_over_if_state_lost = true;
+  Core core(opts);
+  REQUIRE(core.ProposeRound(0, Members({"a:0"}), {}).ok());
+  REQUIRE(JoinWithVersions(core, {"a:0"}, {3}, -1)[0].ok());  // a holder of version 3 ...
+  REQUIRE(core.ProposeRound(1, Members({"a:0"}), {}).ok());   // ... died and came back empty
+  auto r = JoinWithVersions(core, {"a:0"}, {0}, 0);
+  REQUIRE(r[0].ok());
+  CHECK(r[0]->assignment.sync_required);
+  std::lock_guard<std::mutex> g(listener.mu);
+  REQUIRE(listener.formed_info.size() == 2);
+  CHECK(listener.formed_info[1].state_lost);
+  CHECK(listener.formed_info[1].newest_committed == 3);
+  CHECK(listener.lost.empty());
+}
+
+TEST_CASE("versions: a negative version or committed version is refused", "[unit]") {
+  Core core(CoreOptions{});
+  CHECK(core.Join("a:0", -1, -1, Far(core)).status().code() == Code::kInvalidArgument);
+  Report r;
+  r.slot = "a:0";
+  r.kind = ReportKind::kCommitted;
+  r.version = -2;
+  CHECK(core.HandleReport(r).code() == Code::kInvalidArgument);
 }
 
 }  // namespace

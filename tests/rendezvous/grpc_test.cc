@@ -64,8 +64,9 @@ struct Fixture {
     REQUIRE(core->ProposeRound(round, m, {}).ok());
     std::vector<std::future<StatusOr<JoinResult>>> joins;
     for (const auto& s : slots) {
-      joins.push_back(std::async(
-          std::launch::async, [this, s, last] { return MakeClient().Join(s, last, seconds(10)); }));
+      joins.push_back(std::async(std::launch::async, [this, s, last] {
+        return MakeClient().Join(s, last, 0, seconds(10));
+      }));
     }
     for (auto& j : joins) REQUIRE(j.get().ok());
   }
@@ -84,13 +85,13 @@ TEST_CASE("grpc: join, set and get over the wire", "[integration]") {
               .ok());
   auto other = std::async(std::launch::async, [&] {
     Client c = f.MakeClient();
-    auto r = c.Join("a:1", -1, seconds(10));
+    auto r = c.Join("a:1", -1, 0, seconds(10));
     REQUIRE(r.ok());
     REQUIRE(c.Set(0, "1", "addr1").ok());
     return c.Get(0, {"0", "1"}, seconds(10));
   });
   Client c = f.MakeClient();
-  auto r = c.Join("a:0", -1, seconds(10));
+  auto r = c.Join("a:0", -1, 0, seconds(10));
   REQUIRE(r.ok());
   CHECK(r->assignment.round == 0);
   CHECK(r->assignment.rank == 0);
@@ -113,7 +114,7 @@ TEST_CASE("grpc: a wrong or missing token gets UNAUTHENTICATED and changes nothi
     Client bad = f.MakeClient(token);
     CHECK(bad.Set(0, "k", "v").code() == Code::kUnauthenticated);
     CHECK(bad.Get(0, {"k"}, milliseconds(100)).status().code() == Code::kUnauthenticated);
-    CHECK(bad.Join("a:0", -1, seconds(1)).status().code() == Code::kUnauthenticated);
+    CHECK(bad.Join("a:0", -1, 0, seconds(1)).status().code() == Code::kUnauthenticated);
     Report r;
     r.slot = "a:0";
     CHECK(bad.SendReport(r).code() == Code::kUnauthenticated);
@@ -131,8 +132,8 @@ TEST_CASE("grpc: oversized input is refused with INVALID_ARGUMENT", "[integratio
   CHECK(c.Set(0, "k", std::string((16u << 20) + 10, 'v')).code() == Code::kInvalidArgument);
   std::vector<std::string> keys((64u << 10) + 1, "k");
   CHECK(c.Get(0, keys, seconds(1)).status().code() == Code::kInvalidArgument);
-  CHECK(c.Join(std::string(300, 's'), -1, seconds(1)).status().code() == Code::kInvalidArgument);
-  CHECK(c.Join("has space", -1, seconds(1)).status().code() == Code::kInvalidArgument);
+  CHECK(c.Join(std::string(300, 's'), -1, 0, seconds(1)).status().code() == Code::kInvalidArgument);
+  CHECK(c.Join("has space", -1, 0, seconds(1)).status().code() == Code::kInvalidArgument);
   // A message far beyond the server's receive limit is refused by gRPC itself.
   CHECK(c.Set(0, "k", std::string(40u << 20, 'v')).code() == Code::kResourceExhausted);
   CHECK(f.core->stored_keys() == 0);
@@ -200,7 +201,7 @@ TEST_CASE("grpc: watch delivers events; server shutdown ends every waiting call"
   auto get =
       std::async(std::launch::async, [&] { return f.MakeClient().Get(0, {"never"}, seconds(3)); });
   auto join =
-      std::async(std::launch::async, [&] { return f.MakeClient().Join("z:0", 0, seconds(3)); });
+      std::async(std::launch::async, [&] { return f.MakeClient().Join("z:0", 0, 0, seconds(3)); });
   for (int i = 0; i < 1000 && f.core->pending_waiters() < 2; ++i) {
     std::this_thread::sleep_for(milliseconds(5));
   }
@@ -235,6 +236,48 @@ TEST_CASE("grpc: a watcher that goes away is reported closed", "[integration]") 
   std::lock_guard<std::mutex> g(listener.mu);
   CHECK(listener.closed == std::vector<std::string>{"b:3"});
   CHECK(listener.opened == std::vector<std::string>{"b:3"});
+}
+
+TEST_CASE("grpc: versions travel in Join; rank 0 is the newest holder", "[integration]") {
+  Fixture f;
+  REQUIRE(f.core
+              ->ProposeRound(0,
+                             {{"a:0", Assignment{-1, 0, 2, 0, 2, 0, 1, false}},
+                              {"a:1", Assignment{-1, 1, 2, 1, 2, 0, 1, false}}},
+                             {})
+              .ok());
+  auto behind = std::async(std::launch::async,
+                           [&] { return f.MakeClient().Join("a:0", -1, 3, seconds(10)); });
+  auto newest = f.MakeClient().Join("a:1", -1, 5, seconds(10));
+  REQUIRE(newest.ok());
+  auto r0 = behind.get();
+  REQUIRE(r0.ok());
+  CHECK(newest->assignment.rank == 0);
+  CHECK(r0->assignment.rank == 1);
+  CHECK(newest->assignment.sync_required);
+  CHECK(r0->assignment.sync_required);
+}
+
+TEST_CASE("grpc: CancelGets ends a waiting Get of an aborted round and refuses later ones",
+          "[integration]") {
+  Fixture f;
+  f.Form(0, {"a:0"}, -1);
+  Client c = f.MakeClient();
+  auto waiting = std::async(std::launch::async, [&] { return c.Get(0, {"never"}, seconds(30)); });
+  for (int i = 0; i < 2000 && f.core->pending_waiters() < 1; ++i) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  REQUIRE(f.core->pending_waiters() == 1);
+  c.CancelGets(0);
+  REQUIRE(waiting.wait_for(seconds(10)) == std::future_status::ready);
+  CHECK(waiting.get().status().code() == Code::kAborted);
+  CHECK(c.Get(0, {"never"}, seconds(30)).status().code() == Code::kAborted);  // at once
+  // The server freed the waiter (cancelled on the wire), and newer rounds are untouched.
+  for (int i = 0; i < 2000 && f.core->pending_waiters() > 0; ++i) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  CHECK(f.core->pending_waiters() == 0);
+  CHECK(c.Get(1, {"k"}, seconds(1)).status().code() == Code::kFailedPrecondition);
 }
 
 }  // namespace

@@ -61,6 +61,29 @@ TEST_CASE("ObjectState: a commit hook runs after the save, and Reset re-partitio
   CHECK(b.indices == std::vector<int64_t>{1, 3});
 }
 
+TEST_CASE("State: every commit is a version; a rollback keeps it", "[unit]") {
+  ObjectState s;
+  int64_t step = 0;
+  s.Register("step", &step);
+  CHECK(s.version() == 0);  // nothing committed yet
+  step = 1;
+  s.Commit();
+  step = 2;
+  s.Commit();
+  CHECK(s.version() == 2);
+  step = 3;
+  s.Restore();
+  CHECK(step == 2);
+  CHECK(s.version() == 2);
+  // A commit whose agreement fails (the hook throws) was still saved: the version counts it.
+  s.SetCommitHook([] { throw WorkerLostError("peer gone in the agreement"); });
+  step = 3;
+  CHECK_THROWS_AS(s.Commit(), WorkerLostError);
+  s.Restore();
+  CHECK(step == 3);
+  CHECK(s.version() == 3);
+}
+
 TEST_CASE("ObjectState: Sync makes every rank rank 0's state", "[unit]") {
   const int n = 3;
   rendezvous::Core core(rendezvous::CoreOptions{});
@@ -71,14 +94,18 @@ TEST_CASE("ObjectState: Sync makes every rank rank 0's state", "[unit]") {
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
-      auto a =
-          core.Join("h:" + std::to_string(i), -1, core.clock()->Now() + std::chrono::seconds(30));
+      auto a = core.Join("h:" + std::to_string(i), -1, 0,
+                         core.clock()->Now() + std::chrono::seconds(30));
       if (!a.ok()) return;
       auto store = worker_agent::MakeCoreRoundStore(&core, 0);
       auto comm = worker_agent::GlooCommunicator::Create(store.get(), {i, n, i, n, 0, 1}, {});
       if (!comm.ok()) return;
       ObjectState s;
       int64_t step = i == 0 ? 42 : i;
+      if (i == 0) {  // rank 0 holds version 2; the others hold nothing
+        s.Commit();
+        s.Commit();
+      }
       std::vector<double> v(i == 0 ? 5 : 1, i == 0 ? 1.5 : -1);
       std::vector<float> tracked(1000, static_cast<float>(i));
       ElasticSampler sampler(100, true, 1);
@@ -91,7 +118,7 @@ TEST_CASE("ObjectState: Sync makes every rank rank 0's state", "[unit]") {
       step = -1;
       s.Restore();  // Sync also committed
       ok[i] = step == 42 && v == std::vector<double>(5, 1.5) && tracked[999] == 0.0f &&
-              sampler.cursor() == 30;
+              sampler.cursor() == 30 && s.version() == 2;  // the root's version came along
     });
   }
   for (auto& t : threads) t.join();

@@ -1,0 +1,92 @@
+#include "common/test_hook.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/communicator.h"
+
+namespace elastic {
+namespace {
+
+struct Hook {
+  std::string point, slot, round, version, action;
+  bool fired = false;
+};
+
+std::atomic<int64_t> g_round{-1};
+std::mutex g_mu;
+
+std::vector<Hook>* Hooks() {  // guarded by g_mu; parsed once
+  static std::vector<Hook>* hooks = [] {
+    auto* out = new std::vector<Hook>();
+    const char* env = std::getenv("ELASTIC_TEST_HOOKS");
+    if (!env) return out;
+    std::stringstream all(env);
+    std::string item;
+    while (std::getline(all, item, ';')) {
+      size_t eq = item.rfind('=');
+      if (eq == std::string::npos) continue;
+      Hook h;
+      h.action = item.substr(eq + 1);
+      std::vector<std::string> parts;
+      std::stringstream fields(item.substr(0, eq));
+      std::string f;
+      while (std::getline(fields, f, '@')) parts.push_back(f);
+      if (parts.size() != 4) continue;
+      h.point = parts[0];
+      h.slot = parts[1];
+      h.round = parts[2];
+      h.version = parts[3];
+      out->push_back(h);
+    }
+    return out;
+  }();
+  return hooks;
+}
+
+bool Matches(const std::string& pattern, const std::string& value) {
+  return pattern == "*" || pattern == value;
+}
+
+}  // namespace
+
+void SetTestHookRound(int64_t round) { g_round.store(round); }
+
+void TestHook(const char* point, int64_t version) {
+  std::string action;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    std::vector<Hook>* hooks = Hooks();
+    if (hooks->empty()) return;
+    const char* slot_env = std::getenv("ELASTIC_SLOT");
+    std::string slot = slot_env ? slot_env : "";
+    for (Hook& h : *hooks) {
+      if (h.fired || h.point != point || !Matches(h.slot, slot) ||
+          !Matches(h.round, std::to_string(g_round.load())) ||
+          !Matches(h.version, std::to_string(version))) {
+        continue;
+      }
+      h.fired = true;
+      action = h.action;
+      break;
+    }
+  }
+  if (action.empty()) return;
+  std::string msg = std::string("test hook ") + point + " fired: " + action + "\n";
+  ssize_t ignored = write(2, msg.data(), msg.size());
+  (void)ignored;
+  if (action == "kill") {
+    kill(getpid(), SIGKILL);
+    pause();
+  }
+  if (action == "lost") throw WorkerLostError(std::string("test hook at ") + point);
+}
+
+}  // namespace elastic

@@ -1,0 +1,25 @@
+// Test hooks: let an end-to-end test stop a worker at an exact point of the protocol, so that a
+// race seen once in a random-fault soak becomes a deterministic test. Off unless the worker's
+// environment sets ELASTIC_TEST_HOOKS; documented in docs/testing.md. Not for production use.
+//
+//   ELASTIC_TEST_HOOKS="POINT@SLOT@ROUND@VERSION=ACTION[;...]"
+//
+// POINT is one of the names passed to TestHook below; SLOT, ROUND and VERSION select where it
+// fires ("*" matches anything); ACTION is `kill` (SIGKILL this process) or `lost` (throw
+// WorkerLostError, as a collective that lost a peer would). Each entry fires at most once per
+// process.
+#pragma once
+
+#include <cstdint>
+
+namespace elastic {
+
+// The round this worker is in (set by the worker agent after each join).
+void SetTestHookRound(int64_t round);
+// Fires a matching hook, if any: may SIGKILL the process or throw WorkerLostError.
+// Points: "before_save" (State::Commit, version = the one being made), "after_save" (version
+// made, before the commit's agreement), "sync_root" (rank 0 of a sync, after it announced the
+// state's size), "connect" (communicator build, after this rank published its address).
+void TestHook(const char* point, int64_t version);
+
+}  // namespace elastic
