@@ -71,6 +71,7 @@ Status Driver::Start() {
   rendezvous::CoreOptions co;
   co.listener = this;
   co.rendezvous_timeout = opts_.rendezvous_timeout;
+  co.start_over_if_state_lost = opts_.start_over_if_state_lost;
   core_ = std::make_unique<rendezvous::Core>(co);
   rendezvous::ServerOptions so;
   so.address = opts_.bind_address + ":" + std::to_string(opts_.port);

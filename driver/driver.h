@@ -35,6 +35,10 @@ struct DriverOptions {
   int max_failures = -1;  // -1: unlimited
   int host_failure_limit = 1;
   Duration cooldown_min{0}, cooldown_max{0};
+  // When commits were made but no worker of a new round holds any (every holder died), the
+  // job fails with exit 1 ("state lost"), unless this is set: then training starts over from
+  // the program's initial state.
+  bool start_over_if_state_lost = false;
 
   std::string bind_address = "0.0.0.0";
   int port = 0;

@@ -29,7 +29,15 @@ double Secs(Duration d);
 bool IsLocalHost(const std::string& host);
 
 struct Posted {
-  enum Kind { kRoundFormed, kJoinTimeout, kReport, kWatchOpened, kWatchClosed, kDiscovery };
+  enum Kind {
+    kRoundFormed,
+    kStateLost,
+    kJoinTimeout,
+    kReport,
+    kWatchOpened,
+    kWatchClosed,
+    kDiscovery
+  };
   explicit Posted(Kind k, int64_t r = -1) : kind(k), round(r) {}
   Kind kind;
   int64_t round = -1;
@@ -37,6 +45,7 @@ struct Posted {
   rendezvous::Report report;
   std::optional<StatusOr<std::vector<HostSlots>>> hosts;
   std::vector<std::string> warnings;
+  rendezvous::FormedRound formed;
 };
 
 struct Worker {
@@ -47,6 +56,7 @@ struct Worker {
   bool dropped = false;   // the driver gave up on it (failed, lost, removed): exit is expected
   bool removed = false;   // scaled away
   bool finished = false;  // reported FINISHED
+  bool leaving = false;   // reported LEAVING: no longer a member, whatever its exit
   TimePoint lost_at = TimePoint::max();  // remote: Watch broke; lost unless it exits by then
 };
 
@@ -61,7 +71,16 @@ class Driver : public rendezvous::Listener {
   int Run();
 
   // rendezvous::Listener: called on gRPC / timer threads; only posts.
-  void OnRoundFormed(int64_t round) override { Post(Posted(Posted::kRoundFormed, round)); }
+  void OnRoundFormed(const rendezvous::FormedRound& f) override {
+    Posted p{Posted::kRoundFormed, f.round};
+    p.formed = f;
+    Post(std::move(p));
+  }
+  void OnStateLost(const rendezvous::FormedRound& f) override {
+    Posted p{Posted::kStateLost, f.round};
+    p.formed = f;
+    Post(std::move(p));
+  }
   void OnJoinTimeout(int64_t round, const std::vector<std::string>& missing) override {
     Posted p{Posted::kJoinTimeout, round};
     p.slots = missing;
@@ -103,6 +122,8 @@ class Driver : public rendezvous::Listener {
   void HandleDiscovery(Posted& p);
   void HandleExit(Worker& w, int code);
   void HandleReport(const rendezvous::Report& r);
+  void HandleFormed(const rendezvous::FormedRound& f);
+  void HandleLeaving(Worker& w, const std::string& why);
   void Replan(const std::string& reason);
   void Launch(Worker& w);
   void Terminate(int code, const std::string& message);
@@ -129,10 +150,11 @@ class Driver : public rendezvous::Listener {
   bool disc_stop_ = false;  // guarded by disc_mu_
 
   std::map<std::string, Worker> workers_;  // by slot
-  std::vector<std::string> members_;       // of the newest proposed round, in rank order
-  int64_t round_ = -1;                     // newest proposed round
-  int64_t formed_ = -1;                    // newest formed round
-  std::set<std::string> holders_;          // slots that hold the committed state
+  // Of the newest proposed round, in rank order (as planned; once formed, as the core ranked
+  // them).
+  std::vector<std::string> members_;
+  int64_t round_ = -1;   // newest proposed round
+  int64_t formed_ = -1;  // newest formed round
   int resets_ = 0, failures_ = 0;
   bool finishing_ = false;
   bool shutting_down_ = false;

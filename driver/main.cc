@@ -83,6 +83,9 @@ int main(int argc, char** argv) {
   app.add_option("--blacklist-cooldown-range", cooldown,
                  "MIN MAX seconds a blacklisted host is kept out (permanent if absent)")
       ->expected(2);
+  app.add_flag("--start-over-if-state-lost", o.start_over_if_state_lost,
+               "When every worker holding a commit is gone, train again from the initial state "
+               "instead of failing the job (exit 1)");
   app.add_option("--port", o.port, "Port of the rendezvous server (0: any free port)")
       ->check(CLI::Range(0, 65535));
   app.add_option("--driver-address", o.driver_address,
@@ -113,7 +116,7 @@ int main(int argc, char** argv) {
   // value (or after `--`); only what comes before it is parsed here, so the command's own
   // flags are never mistaken for ours. CLI11 takes no multi-letter single-dash names, so
   // mpirun's `-np` is spelled `--np` for it.
-  static const std::set<std::string> kFlags = {"-h", "--help", "--version", "-v", "--verbose"};
+  static const std::set<std::string> kFlags = {"-h", "--help", "--version"};
   std::vector<std::string> args;
   int i = 1;
   for (; i < argc; ++i) {
@@ -125,8 +128,10 @@ int main(int argc, char** argv) {
     if (a.empty() || a[0] != '-') break;
     args.push_back(a == "-np" ? "--np" : a);
     if (kFlags.count(a) || a.find('=') != std::string::npos) continue;
-    if (app.get_option_no_throw(a == "-np" ? "--np" : a) == nullptr) continue;  // CLI11 reports it
-    int values = a == "--blacklist-cooldown-range" ? 2 : 1;
+    const CLI::Option* opt = app.get_option_no_throw(a == "-np" ? "--np" : a);
+    if (opt == nullptr) continue;                // CLI11 reports it
+    int values = opt->get_items_expected_max();  // 0 for a flag
+
     for (int k = 0; k < values && i + 1 < argc; ++k) args.push_back(argv[++i]);
   }
   for (; i < argc; ++i) o.command.push_back(argv[i]);

@@ -32,11 +32,10 @@ void Driver::Replan(const std::string& reason) {
   in.listed = last_listed_;
   in.available = hosts_.Available();
   in.host_order = last_listed_order_;
-  in.holders = holders_;
   in.max_np = opts_.max_np > 0 ? static_cast<size_t>(opts_.max_np) : 0;
   for (const auto& [slot, w] : workers_) {
     if (!w.proc || w.proc->reaped()) continue;
-    if (!w.dropped && !w.removed) {
+    if (!w.dropped && !w.removed && !w.leaving) {
       in.alive.insert(slot);
     } else {
       in.busy.insert(slot);
@@ -71,9 +70,9 @@ void Driver::Replan(const std::string& reason) {
   int64_t old_round = round_;
   members_ = plan;
   ++round_;
-  bool sync = round_ == 0 || std::any_of(plan.begin(), plan.end(),
-                                         [&](const std::string& s) { return !holders_.count(s); });
-  std::map<std::string, Assignment> assign = AssignRanks(plan, sync);
+  // Planned ranks; rank 0 and whether a sync is needed are settled when the round forms, from
+  // the versions the members say they hold.
+  std::map<std::string, Assignment> assign = AssignRanks(plan, false);
   std::vector<std::string> removed;
   for (auto& [slot, w] : workers_) {
     if (alive(slot) && std::find(plan.begin(), plan.end(), slot) == plan.end()) {
@@ -81,13 +80,10 @@ void Driver::Replan(const std::string& reason) {
       w.removed = true;
     }
   }
-  spdlog::info("round {}: {} worker(s) [{}] ({}){}", round_, plan.size(), fmt::join(plan, " "),
-               reason, sync ? ", state will be synced from rank 0" : "");
-  log_.Write("round_proposed", {{"round", round_},
-                                {"members", plan},
-                                {"removed", removed},
-                                {"reason", reason},
-                                {"sync_required", sync}});
+  spdlog::info("round {}: {} worker(s) [{}] ({})", round_, plan.size(), fmt::join(plan, " "),
+               reason);
+  log_.Write("round_proposed",
+             {{"round", round_}, {"members", plan}, {"removed", removed}, {"reason", reason}});
   Status s = core_->ProposeRound(round_, assign, removed);
   if (!s.ok()) {
     Terminate(1, "internal error proposing round " + std::to_string(round_) + ": " + s.ToString());
@@ -129,6 +125,10 @@ void Driver::HandleExit(Worker& w, int code) {
                                {"status", w.proc->DescribeExit()}});
   bool member = MemberRank(w.slot) >= 0;
   if (shutting_down_) return;
+  if (w.leaving) {
+    spdlog::info("worker {} (slot {}) left the job: {}", rank, w.slot, w.proc->DescribeExit());
+    return;
+  }
   if (w.removed || !member) {
     spdlog::info("worker {} (slot {}) left after scale-down: {}", rank, w.slot,
                  w.proc->DescribeExit());
@@ -169,7 +169,6 @@ void Driver::HandleExit(Worker& w, int code) {
                      : fmt::format(" for {:.1f} s", Secs(hosts_.LastCooldown())));
     log_.Write("host_blacklisted", {{"host", w.host}});
   }
-  holders_.erase(w.slot);
   if (opts_.max_failures >= 0 && failures_ > opts_.max_failures) {
     Terminate(1, what + "; too many failures (--max-failures " +
                      std::to_string(opts_.max_failures) + ")");
@@ -189,18 +188,15 @@ void Driver::HandleReport(const rendezvous::Report& r) {
       spdlog::warn("slot {} reports a failure: {}", r.slot, r.message);
       break;
     case rendezvous::ReportKind::kLeaving:
-      it->second.removed = true;
+      HandleLeaving(it->second, r.message);
       break;
     case rendezvous::ReportKind::kCommitted:
       if (!first_commit_logged_ && r.round == formed_) {
         first_commit_logged_ = true;
         if (recovering_) {
           // The worker's own phases (durations) ride on its first commit report.
-          double rebuild = 0, sync = 0;
-          if (std::sscanf(r.message.c_str(), "rebuild=%lf sync=%lf", &rebuild, &sync) == 2) {
-            log_.Write("recovery_phase", {{"phase", "rebuild"}, {"duration", rebuild}});
-            log_.Write("recovery_phase", {{"phase", "sync"}, {"duration", sync}});
-          }
+          log_.Write("recovery_phase", {{"phase", "rebuild"}, {"duration", r.rebuild_seconds}});
+          log_.Write("recovery_phase", {{"phase", "sync"}, {"duration", r.sync_seconds}});
           log_.Write("recovery_phase", {{"phase", "first_step"},
                                         {"seconds", Secs(SteadyClock::now() - recovery_start_)}});
           recovering_ = false;
@@ -208,10 +204,65 @@ void Driver::HandleReport(const rendezvous::Report& r) {
       }
       log_.Write("committed", {{"slot", r.slot},
                                {"round", r.round},
+                               {"version", r.version},
                                {"step", r.step},
                                {"epoch", r.epoch},
                                {"cursor", r.cursor}});
       break;
+  }
+}
+
+void Driver::HandleFormed(const rendezvous::FormedRound& f) {
+  if (f.round != round_) return;
+  formed_ = f.round;
+  started_ = true;
+  members_ = f.members;  // rank order as formed: rank 0 holds the newest version
+  first_commit_logged_ = false;
+  std::vector<std::string> behind;
+  for (size_t i = 0; i < f.members.size(); ++i) {
+    if (f.versions[i] != f.version) behind.push_back(f.members[i]);
+  }
+  if (f.state_lost) {
+    spdlog::warn(
+        "state lost: no worker of round {} holds a commit (the newest was version {}); "
+        "starting over from the initial state (--start-over-if-state-lost)",
+        f.round, f.newest_committed);
+    log_.Write("state_lost", {{"round", f.round},
+                              {"newest_committed", f.newest_committed},
+                              {"members", f.members},
+                              {"start_over", true}});
+  } else if (f.version > 0 && f.version < f.newest_committed) {
+    spdlog::warn(
+        "round {}: the newest version any member holds is {} (version {} was committed "
+        "by workers that are gone); training goes on from version {}",
+        f.round, f.version, f.newest_committed, f.version);
+  }
+  spdlog::info("round {} formed with {} worker(s); rank 0 is {} (version {}){}", f.round,
+               f.members.size(), f.members.empty() ? "-" : f.members[0], f.version,
+               f.sync_required ? fmt::format(", state synced from rank 0 to [{}]",
+                                             fmt::join(behind.empty() ? f.members : behind, " "))
+                               : "");
+  log_.Write("round_formed", {{"round", f.round},
+                              {"members", f.members},
+                              {"versions", f.versions},
+                              {"version", f.version},
+                              {"sync_required", f.sync_required}});
+  if (recovering_) {
+    log_.Write("recovery_phase",
+               {{"phase", "rendezvous"}, {"seconds", Secs(SteadyClock::now() - recovery_start_)}});
+  }
+}
+
+void Driver::HandleLeaving(Worker& w, const std::string& why) {
+  if (w.leaving || shutting_down_) return;
+  w.leaving = true;
+  std::string rank = LabelOf(w.slot);
+  spdlog::info("worker {} (slot {}) is leaving{}{}; re-forming without it", rank, w.slot,
+               why.empty() ? "" : ": ", why);
+  log_.Write("worker_leaving", {{"slot", w.slot}, {"rank", rank}, {"reason", why}});
+  if (MemberRank(w.slot) >= 0) {
+    round_broken_ = true;
+    Replan("worker " + rank + " is leaving");
   }
 }
 
@@ -245,19 +296,20 @@ void Driver::HandleDiscovery(Posted& p) {
 
 void Driver::HandlePosted(Posted& p) {
   switch (p.kind) {
-    case Posted::kRoundFormed: {
-      if (p.round != round_) break;
-      formed_ = p.round;
-      started_ = true;
-      holders_.clear();
-      for (const auto& s : members_) holders_.insert(s);
-      first_commit_logged_ = false;
-      spdlog::info("round {} formed with {} worker(s)", p.round, members_.size());
-      log_.Write("round_formed", {{"round", p.round}, {"members", members_}});
-      if (recovering_) {
-        log_.Write("recovery_phase", {{"phase", "rendezvous"},
-                                      {"seconds", Secs(SteadyClock::now() - recovery_start_)}});
-      }
+    case Posted::kRoundFormed:
+      HandleFormed(p.formed);
+      break;
+    case Posted::kStateLost: {
+      if (p.round != round_ || shutting_down_) break;
+      std::string what = "state lost: commits up to version " +
+                         std::to_string(p.formed.newest_committed) +
+                         " were made, but no worker of round " + std::to_string(p.round) +
+                         " holds any (every holder is gone)";
+      log_.Write("state_lost", {{"round", p.round},
+                                {"newest_committed", p.formed.newest_committed},
+                                {"members", p.formed.members},
+                                {"start_over", false}});
+      Terminate(1, what + "; pass --start-over-if-state-lost to train again from the start");
       break;
     }
     case Posted::kJoinTimeout: {
@@ -268,7 +320,6 @@ void Driver::HandlePosted(Posted& p) {
         Worker& w = workers_[slot];
         if (w.proc && !w.proc->reaped()) w.proc->SignalGroup(SIGKILL);
         w.dropped = true;
-        holders_.erase(slot);
         ++failures_;
         hosts_.RecordFailure(w.host);
       }

@@ -1,12 +1,18 @@
 // A small real training program: logistic regression on a generated dataset, trained with
 // mini-batch gradient descent under elastic-run. Every step consumes one global batch of the
-// ElasticSampler's order, split across however many workers there are; gradients are summed
-// with AllreduceMany, so the model after each step does not depend on the number of workers.
+// ElasticSampler's order, split across however many workers there are. Each sample's
+// gradient is rounded to fixed point (2^-32) and the sums are exact 64-bit integer sums, so
+// the model after each step is bit for bit the same whatever the number of workers and the
+// order of the reduction: a sample lost or trained twice changes the final model's hash.
 //
 //   elastic-run -np 4 build/examples/logistic_regression --epochs 5
 //
 // Options: --samples N (4096)  --features D (16)  --epochs E (5)  --global-batch G (48)
 //          --lr X (0.5)  --commit-every K (4)  --step-ms MS (0)  --ledger PREFIX (none)
+//          --leave-exit CODE (0)
+// SIGUSR1 makes a worker leave the job gracefully at its next step: it tells the driver
+// (LEAVING) and exits with --leave-exit's code (a negative code: it waits to be killed).
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -32,6 +38,7 @@ struct Options {
   int commit_every = 4;
   int step_ms = 0;
   std::string ledger;
+  int leave_exit = 0;
 };
 
 Options Parse(int argc, char** argv) {
@@ -54,6 +61,8 @@ Options Parse(int argc, char** argv) {
       o.step_ms = std::atoi(v.c_str());
     else if (k == "--ledger")
       o.ledger = v;
+    else if (k == "--leave-exit")
+      o.leave_exit = std::atoi(v.c_str());
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       std::exit(2);
@@ -95,11 +104,32 @@ Dataset Generate(const Options& o) {
   return d;
 }
 
+constexpr double kFixed = 4294967296.0;  // 2^32: gradients are summed in this fixed point
+
+int64_t ToFixed(double v) { return std::llround(v * kFixed); }
+
+// FNV-1a over the model's bytes: equal hashes mean bitwise-equal models.
+uint64_t Hash(const std::vector<double>& model) {
+  uint64_t h = 1469598103934665603ull;
+  const unsigned char* p = reinterpret_cast<const unsigned char*>(model.data());
+  for (size_t i = 0; i < model.size() * sizeof(double); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+volatile sig_atomic_t g_leave = 0;
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines reach elastic-run as they happen
   Options o = Parse(argc, argv);
+  signal(SIGUSR1, [](int) { g_leave = 1; });
   Dataset data = Generate(o);
   const int D = o.features;
 
@@ -112,9 +142,9 @@ int main(int argc, char** argv) {
   state.Register("epoch", &epoch);
   state.AddSampler("sampler", &sampler);
 
-  // The ledger (for the exactly-once test): each rank writes the indices of each step before
-  // the step's allreduce, tagged with epoch, step and round. A step that is rolled back and
-  // trained again appears again with a newer round, which supersedes the old lines.
+  // The ledger (for the exactly-once tests): each rank writes the indices of each step before
+  // the step's allreduce: "epoch step round rank size time_ms indices". A step that is rolled back
+  // and trained again appears again with a newer round, which supersedes the old lines.
   FILE* ledger = nullptr;
 
   elastic::Run(state, [&](elastic::State&) {
@@ -126,8 +156,17 @@ int main(int argc, char** argv) {
       ledger = std::fopen((o.ledger + "." + slot + "." + std::to_string(getpid())).c_str(), "a");
     }
     const int per_rank = (o.global_batch + comm.size() - 1) / comm.size();
-    std::vector<double> grad(D + 1), stats(2);  // stats: loss sum, sample count
+    // Fixed-point sums: D + 1 gradient components, the loss, the sample count.
+    std::vector<int64_t> sums(D + 3);
     while (epoch < o.epochs) {
+      if (g_leave) {
+        std::printf("rank %d (slot %s) leaves the job\n", comm.rank(), agent.env().slot.c_str());
+        agent.ReportLeaving("SIGUSR1");
+        if (ledger) std::fclose(ledger);
+        std::fflush(stdout);
+        if (o.leave_exit < 0) pause();  // for tests: left, then waits to be killed
+        std::_Exit(o.leave_exit);
+      }
       if (sampler.EpochDone()) {
         if (comm.rank() == 0) {
           std::printf("epoch %lld done: step %lld, %d workers\n", static_cast<long long>(epoch),
@@ -139,8 +178,7 @@ int main(int argc, char** argv) {
         continue;
       }
       auto batch = sampler.Next(per_rank);
-      std::fill(grad.begin(), grad.end(), 0.0);
-      std::fill(stats.begin(), stats.end(), 0.0);
+      std::fill(sums.begin(), sums.end(), 0);
       std::string line;
       for (size_t k = 0; k < batch.indices.size(); ++k) {
         if (batch.padding[k]) continue;  // a repeat: zero weight
@@ -150,22 +188,23 @@ int main(int argc, char** argv) {
         for (int j = 0; j < D; ++j) z += model[j] * xi[j];
         double p = 1.0 / (1.0 + std::exp(-z));
         double err = p - data.y[i];
-        for (int j = 0; j < D; ++j) grad[j] += err * xi[j];
-        grad[D] += err;
-        stats[0] += -(data.y[i] * std::log(p + 1e-12) + (1 - data.y[i]) * std::log(1 - p + 1e-12));
-        stats[1] += 1;
+        for (int j = 0; j < D; ++j) sums[j] += ToFixed(err * xi[j]);
+        sums[D] += ToFixed(err);
+        sums[D + 1] +=
+            ToFixed(-(data.y[i] * std::log(p + 1e-12) + (1 - data.y[i]) * std::log(1 - p + 1e-12)));
+        sums[D + 2] += 1;
         line += (line.empty() ? "" : ",") + std::to_string(i);
       }
       if (ledger) {
-        std::fprintf(ledger, "%lld %lld %lld %d %s\n", static_cast<long long>(epoch),
+        std::fprintf(ledger, "%lld %lld %lld %d %d %lld %s\n", static_cast<long long>(epoch),
                      static_cast<long long>(step + 1),
-                     static_cast<long long>(agent.assignment().round), comm.rank(), line.c_str());
+                     static_cast<long long>(agent.assignment().round), comm.rank(), comm.size(),
+                     static_cast<long long>(NowMs()), line.c_str());
         std::fflush(ledger);
       }
-      comm.AllreduceMany({{grad.data(), grad.size(), elastic::DataType::kF64},
-                          {stats.data(), stats.size(), elastic::DataType::kF64}},
-                         elastic::ReduceOp::kSum);
-      for (int j = 0; j <= D; ++j) model[j] -= o.lr * grad[j] / stats[1];
+      comm.Allreduce(sums.data(), sums.size(), elastic::DataType::kI64, elastic::ReduceOp::kSum);
+      const double count = static_cast<double>(sums[D + 2]);
+      for (int j = 0; j <= D; ++j) model[j] -= o.lr * (sums[j] / kFixed) / count;
       ++step;
       if (o.step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.step_ms));
       if (step % o.commit_every == 0 || sampler.EpochDone()) state.Commit();
@@ -180,9 +219,9 @@ int main(int argc, char** argv) {
       double p = 1.0 / (1.0 + std::exp(-z));
       loss += -(data.y[i] * std::log(p + 1e-12) + (1 - data.y[i]) * std::log(1 - p + 1e-12));
     }
-    std::printf("final: %lld steps, loss %.6f, w[0..3] = %.6f %.6f %.6f %.6f\n",
+    std::printf("final: %lld steps, loss %.6f, w[0..3] = %.6f %.6f %.6f %.6f, hash %016llx\n",
                 static_cast<long long>(step), loss / o.samples, model[0], model[1], model[2],
-                model[3]);
+                model[3], static_cast<unsigned long long>(Hash(model)));
   }
   if (ledger) std::fclose(ledger);
   return 0;

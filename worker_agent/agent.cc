@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/test_hook.h"
 #include "worker_agent/worker_agent.h"
 
 namespace elastic {
@@ -134,6 +135,9 @@ void Agent::OnEvent(const rendezvous::Event& e) {
       break;
     }
     case EventKind::kAbort:
+      // An abort of the current round, or of a newer one that is still forming: whatever
+      // this worker is doing in its current round (a collective running or about to start,
+      // a communicator still connecting, a store wait) fails at once, and it goes to Join.
       if (e.round >= current_round_.load()) {
         int64_t prev = changing_round_.load();
         while (e.round > prev && !changing_round_.compare_exchange_weak(prev, e.round)) {
@@ -142,7 +146,8 @@ void Agent::OnEvent(const rendezvous::Event& e) {
                      e.message);
         std::lock_guard<std::mutex> g(comm_mu_);
         aborted_round_.store(std::max(aborted_round_.load(), e.round));
-        if (comm_ && e.round == current_round_.load()) comm_->Abort();
+        client_->CancelGets(e.round);
+        if (comm_) comm_->Abort();
       }
       break;
     case EventKind::kShutdown: {
@@ -154,12 +159,12 @@ void Agent::OnEvent(const rendezvous::Event& e) {
   }
 }
 
-StatusOr<bool> Agent::JoinNextRound() {
+StatusOr<bool> Agent::JoinNextRound(int64_t version) {
   {
     std::lock_guard<std::mutex> g(comm_mu_);
     comm_.reset();
   }
-  auto joined = client_->Join(env_.slot, current_round_.load(), options_.join_timeout);
+  auto joined = client_->Join(env_.slot, current_round_.load(), version, options_.join_timeout);
   if (!joined.ok()) return joined.status().WithContext("joining the next round");
   if (joined->removed) {
     spdlog::info("slot {} was removed by the driver (scale-down)", env_.slot);
@@ -167,18 +172,32 @@ StatusOr<bool> Agent::JoinNextRound() {
   }
   assignment_ = joined->assignment;
   current_round_.store(assignment_.round);
+  SetTestHookRound(assignment_.round);
   worker_agent::Topology topo{assignment_.rank,       assignment_.size,
                               assignment_.local_rank, assignment_.local_size,
                               assignment_.cross_rank, assignment_.cross_size};
-  auto store = worker_agent::MakeRpcRoundStore(client_.get(), assignment_.round);
+  std::string round = "round " + std::to_string(assignment_.round);
   TimePoint rebuild_start = SteadyClock::now();
-  auto comm = worker_agent::GlooCommunicator::Create(store.get(), topo, options_.gloo);
+  auto made = worker_agent::GlooCommunicator::New(topo, options_.gloo);
+  if (!made.ok()) return made.status().WithContext(round);
+  worker_agent::GlooCommunicator* comm = made->get();
+  {
+    // Installed before it connects, so that an ABORT can reach it while it does; one that
+    // came before (while this worker was still in Join) takes effect at once.
+    std::lock_guard<std::mutex> g(comm_mu_);
+    comm_ = std::move(made).value();
+    if (aborted_round_.load() >= assignment_.round) comm_->Abort();
+  }
+  auto store = worker_agent::MakeRpcRoundStore(client_.get(), assignment_.round);
+  Status connected = comm->Connect(store.get());
   last_rebuild_ = SteadyClock::now() - rebuild_start;
-  if (!comm.ok()) return comm.status().WithContext("round " + std::to_string(assignment_.round));
-  std::lock_guard<std::mutex> g(comm_mu_);
-  comm_ = std::move(comm).value();
-  // An ABORT for this round that came while connecting must still take effect.
-  if (aborted_round_.load() >= assignment_.round) comm_->Abort();
+  if (!connected.ok()) {
+    std::lock_guard<std::mutex> g(comm_mu_);
+    comm_.reset();
+    // Whatever stopped the mesh (an abort, a peer that died or never came), the driver
+    // re-forms: the caller rolls back and joins again.
+    return Status(Code::kAborted, connected.WithContext(round).message());
+  }
   return true;
 }
 
@@ -200,27 +219,42 @@ void Agent::CheckHostUpdates() {
   }
 }
 
-void Agent::SendReport(rendezvous::ReportKind kind, int64_t step, int64_t epoch, int64_t cursor,
-                       const std::string& message) {
-  rendezvous::Report r;
+void Agent::SendReport(rendezvous::Report r) {
   r.slot = env_.slot;
-  r.kind = kind;
   r.round = current_round_.load();
-  r.step = step;
-  r.epoch = epoch;
-  r.cursor = cursor;
-  r.message = message.substr(0, 4000);
+  if (r.message.size() > 4000) r.message.resize(4000);
   Status s = client_->SendReport(r);
   if (!s.ok()) spdlog::warn("report to the driver failed: {}", s.ToString());
 }
 
-void Agent::ReportCommitted(int64_t step, int64_t epoch, int64_t cursor,
-                            const std::string& message) {
-  SendReport(rendezvous::ReportKind::kCommitted, step, epoch, cursor, message);
+void Agent::ReportCommitted(int64_t version, Duration rebuild, Duration sync) {
+  rendezvous::Report r;
+  r.kind = rendezvous::ReportKind::kCommitted;
+  r.step = version;
+  r.version = version;
+  r.rebuild_seconds = std::chrono::duration<double>(rebuild).count();
+  r.sync_seconds = std::chrono::duration<double>(sync).count();
+  SendReport(std::move(r));
 }
-void Agent::ReportFinished() { SendReport(rendezvous::ReportKind::kFinished, 0, 0, 0, ""); }
+
+void Agent::ReportLeaving(const std::string& why) {
+  rendezvous::Report r;
+  r.kind = rendezvous::ReportKind::kLeaving;
+  r.message = why;
+  SendReport(std::move(r));
+}
+
+void Agent::ReportFinished() {
+  rendezvous::Report r;
+  r.kind = rendezvous::ReportKind::kFinished;
+  SendReport(std::move(r));
+}
+
 void Agent::ReportFailed(const std::string& message) {
-  SendReport(rendezvous::ReportKind::kFailed, 0, 0, 0, message);
+  rendezvous::Report r;
+  r.kind = rendezvous::ReportKind::kFailed;
+  r.message = message;
+  SendReport(std::move(r));
 }
 
 namespace {
@@ -251,7 +285,13 @@ Agent& Init(AgentOptions options) {
     // At exit, the Watch thread stops before static objects (spdlog's registry among them)
     // are destroyed: registered after them, this handler runs before their destructors.
     std::atexit([] { ProcessAgent()->StopWatch(); });
-    auto joined = agent->JoinNextRound();
+    // A first round whose communicator could not connect (a peer died meanwhile) is
+    // retried with the next one, as Run does.
+    auto joined = agent->JoinNextRound(0);
+    while (!joined.ok() && joined.status().code() == Code::kAborted) {
+      spdlog::warn("{}; joining the next round", joined.status().message());
+      joined = agent->JoinNextRound(0);
+    }
     if (!joined.ok()) {
       std::fprintf(stderr, "elastic: %s\n", joined.status().ToString().c_str());
       std::exit(1);

@@ -8,10 +8,14 @@
 #include <gloo/common/error.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/transport/context.h>
+#include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
 
 #include <csignal>
 #include <cstring>
+
+#include "common/test_hook.h"
 
 namespace elastic::worker_agent {
 namespace {
@@ -148,14 +152,54 @@ void SignalTcpContext(void* tcp_context, const std::string& msg);  // gloo_abort
 
 // Gloo's closeConnections() is graceful: it wakes no pending unbound-buffer wait, and a closed
 // pair no longer sees its peer's EOF. What wakes every wait is the transport context's
-// signalException; this subclass reaches the (protected) transport context.
+// signalException; this subclass reaches the (protected) transport context, and lets the mesh
+// be connected here rather than in connectFullMesh, which keeps its transport context out of
+// reach (and so out of reach of an abort) until every pair has connected.
 class AbortableContext : public gloo::rendezvous::Context {
  public:
   using gloo::rendezvous::Context::Context;
-  void SignalAll(const std::string& msg) {
-    if (transportContext_) SignalTcpContext(transportContext_.get(), msg);
+  void Adopt(std::shared_ptr<gloo::transport::Device> dev,
+             std::shared_ptr<gloo::transport::Context> pairs) {
+    device_ = std::move(dev);
+    transportContext_ = std::move(pairs);
   }
 };
+
+namespace {
+
+void Signal(const std::shared_ptr<void>& pairs, const std::string& msg) {
+  // A gloo::transport::Context made by a TCP device is a tcp::Context.
+  if (pairs) SignalTcpContext(static_cast<gloo::transport::Context*>(pairs.get()), msg);
+}
+
+// One rank's published addresses: for every rank, the address of this rank's pair for it
+// (empty for itself), each as a 4-byte length and the bytes.
+std::string EncodeAddresses(const std::vector<std::vector<char>>& per_rank) {
+  std::string out;
+  for (const auto& a : per_rank) {
+    uint32_t n = static_cast<uint32_t>(a.size());
+    out.append(reinterpret_cast<const char*>(&n), sizeof n);
+    out.append(a.data(), a.size());
+  }
+  return out;
+}
+
+StatusOr<std::vector<char>> AddressFor(const std::string& blob, int rank, int peer) {
+  size_t off = 0;
+  for (int r = 0;; ++r) {
+    uint32_t n = 0;
+    if (off + sizeof n > blob.size()) break;
+    std::memcpy(&n, blob.data() + off, sizeof n);
+    off += sizeof n;
+    if (off + n > blob.size()) break;
+    if (r == rank) return std::vector<char>(blob.data() + off, blob.data() + off + n);
+    off += n;
+  }
+  return InvalidArgument("rank " + std::to_string(peer) + " published no address for rank " +
+                         std::to_string(rank));
+}
+
+}  // namespace
 
 GlooCommunicator::GlooCommunicator(std::shared_ptr<AbortableContext> ctx, Topology topo,
                                    GlooOptions options)
@@ -164,11 +208,11 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<AbortableContext> ctx, Topolo
 GlooCommunicator::~GlooCommunicator() {
   std::lock_guard<std::mutex> g(abort_mu_);
   ctx_.reset();
+  pairs_.reset();
 }
 
-StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(RoundStore* store,
-                                                                     const Topology& topo,
-                                                                     const GlooOptions& options) {
+StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::New(const Topology& topo,
+                                                                  const GlooOptions& options) {
   if (topo.size < 1 || topo.rank < 0 || topo.rank >= topo.size) {
     return InvalidArgument("bad topology: rank " + std::to_string(topo.rank) + " of " +
                            std::to_string(topo.size));
@@ -185,19 +229,73 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(RoundStore*
     }
     auto device = gloo::transport::tcp::CreateDevice(attr);
     auto ctx = std::make_shared<AbortableContext>(topo.rank, topo.size);
-    ctx->setTimeout(std::chrono::duration_cast<std::chrono::milliseconds>(options.connect_timeout));
-    std::vector<std::string> all;
-    for (int i = 0; i < topo.size; ++i) {
-      if (i != topo.rank) all.push_back(std::to_string(i));
-    }
-    GlooStore gloo_store(store, options.connect_timeout, all);
-    ctx->connectFullMesh(gloo_store, device);
-    ctx->setTimeout(
-        std::chrono::duration_cast<std::chrono::milliseconds>(options.collective_timeout));
-    return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(ctx, topo, options));
+    std::unique_ptr<GlooCommunicator> comm(new GlooCommunicator(ctx, topo, options));
+    comm->device_ = device;
+    return comm;
   } catch (const std::exception& e) {
-    return Unavailable(std::string("connecting the Gloo full mesh failed: ") + e.what());
+    return Unavailable(std::string("creating the Gloo TCP device failed: ") + e.what());
   }
+}
+
+Status GlooCommunicator::Connect(RoundStore* store) {
+  Status s;
+  try {
+    s = ConnectPairs(store);
+  } catch (const std::exception& e) {
+    s = Unavailable(std::string("connecting the Gloo full mesh failed: ") + e.what());
+  }
+  if (!s.ok() && aborted_.load()) {
+    return Aborted("connecting the Gloo full mesh was aborted (a peer of this round is gone): " +
+                   s.message());
+  }
+  return s;
+}
+
+Status GlooCommunicator::ConnectPairs(RoundStore* store) {
+  auto device = std::static_pointer_cast<gloo::transport::Device>(device_);
+  if (!device) return FailedPrecondition("Connect() called twice");
+  auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(options_.connect_timeout);
+  std::shared_ptr<gloo::transport::Context> pairs = device->createContext(topo_.rank, topo_.size);
+  pairs->setTimeout(timeout);
+  std::vector<std::vector<char>> mine(topo_.size);
+  std::vector<std::string> keys;
+  for (int i = 0; i < topo_.size; ++i) {
+    if (i == topo_.rank) continue;
+    mine[i] = pairs->createPair(i)->address().bytes();
+    keys.push_back(std::to_string(i));
+  }
+  {
+    std::lock_guard<std::mutex> g(abort_mu_);
+    if (aborted_.load()) return Aborted("the communicator was aborted before it connected");
+    pairs_ = pairs;  // from here on Abort() fails every pair's wait
+  }
+  RETURN_IF_ERROR(store->Set(std::to_string(topo_.rank), EncodeAddresses(mine)));
+  TestHook("connect", 0);
+  if (!keys.empty()) {
+    ASSIGN_OR_RETURN(std::vector<std::string> peers, store->Get(keys, options_.connect_timeout));
+    size_t k = 0;
+    for (int i = 0; i < topo_.size; ++i) {
+      if (i == topo_.rank) continue;
+      ASSIGN_OR_RETURN(std::vector<char> addr, AddressFor(peers[k++], topo_.rank, i));
+      if (aborted_.load()) return Aborted("the communicator was aborted while connecting");
+      pairs->getPair(i)->connect(addr);
+    }
+  }
+  std::lock_guard<std::mutex> g(abort_mu_);
+  if (aborted_.load()) return Aborted("the communicator was aborted while connecting");
+  ctx_->Adopt(device, pairs);
+  ctx_->setTimeout(
+      std::chrono::duration_cast<std::chrono::milliseconds>(options_.collective_timeout));
+  device_.reset();
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(RoundStore* store,
+                                                                     const Topology& topo,
+                                                                     const GlooOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm, New(topo, options));
+  RETURN_IF_ERROR(comm->Connect(store));
+  return comm;
 }
 
 template <typename Fn>
@@ -366,9 +464,8 @@ void GlooCommunicator::Barrier() {
 void GlooCommunicator::Abort() {
   aborted_.store(true);
   std::lock_guard<std::mutex> g(abort_mu_);
-  if (!ctx_) return;
   try {
-    ctx_->SignalAll("aborted: a peer of this round is gone");
+    Signal(pairs_, "aborted: a peer of this round is gone");
   } catch (const std::exception&) {
     // Signalling pairs that already failed may throw; the flag above is what later calls check.
   }

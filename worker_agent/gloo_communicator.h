@@ -37,9 +37,18 @@ struct GlooOptions {
 
 class GlooCommunicator : public Communicator {
  public:
-  // Connects the full mesh of `topo.size` ranks through `store` (keys "0".."size-1").
-  // Returns UNAVAILABLE / DEADLINE_EXCEEDED (with Gloo's message) when peers do not show up.
+  // A communicator for `topo`, not connected yet (INVALID_ARGUMENT for a bad topology, or
+  // UNAVAILABLE when the interface or address cannot be bound). Abort() works on it at once.
   // Sets SIGPIPE to ignored for the process: a dead peer must not kill this one.
+  static StatusOr<std::unique_ptr<GlooCommunicator>> New(const Topology& topo,
+                                                         const GlooOptions& options);
+  // Connects the full mesh through `store`: publishes this rank's addresses under key
+  // "<rank>", waits for every peer's (one Get), connects every pair. Blocks up to the connect
+  // timeout. ABORTED when Abort() came before or during it (from any thread: the store wait
+  // is the caller's to cancel, the pairs are failed here); UNAVAILABLE / DEADLINE_EXCEEDED
+  // (with Gloo's message) when peers do not show up. Call once.
+  Status Connect(RoundStore* store);
+  // New() then Connect().
   static StatusOr<std::unique_ptr<GlooCommunicator>> Create(RoundStore* store, const Topology& topo,
                                                             const GlooOptions& options);
   ~GlooCommunicator() override;
@@ -60,6 +69,7 @@ class GlooCommunicator : public Communicator {
 
  private:
   GlooCommunicator(std::shared_ptr<AbortableContext> ctx, Topology topo, GlooOptions options);
+  Status ConnectPairs(RoundStore* store);
   template <typename Fn>
   void Guard(const char* what, Fn&& fn);
 
@@ -68,7 +78,9 @@ class GlooCommunicator : public Communicator {
   GlooOptions options_;
   std::vector<char> fusion_;  // the fusion buffer, grown on first use up to fusion_bytes
   std::atomic<bool> aborted_{false};
-  std::mutex abort_mu_;  // serializes Abort() against the destructor
+  std::mutex abort_mu_;           // serializes Abort() against connecting and the destructor
+  std::shared_ptr<void> device_;  // gloo::transport::Device, until connected
+  std::shared_ptr<void> pairs_;   // gloo::transport::Context being connected; abort_mu_
 };
 
 }  // namespace elastic::worker_agent

@@ -19,19 +19,15 @@ namespace {
 
 void Run(State& state, const std::function<void(State&)>& train, AgentOptions options) {
   Agent& agent = Init(options);
-  // The first commit of each round is reported: the driver's event log times recovery by it.
-  // It carries the worker-side recovery phases: communicator rebuild and state sync.
+  // The first commit of each round is reported (synchronously: the driver learns that a
+  // commit exists before any rank moves past it) with the worker-side recovery phases; the
+  // driver's event log times recovery by it.
   int64_t reported_round = -1;
-  int64_t commits = 0;
   Duration sync_time{0};
-  state.SetCommitHook([&agent, &reported_round, &commits, &sync_time] {
-    ++commits;
+  state.SetCommitHook([&agent, &state, &reported_round, &sync_time] {
     if (reported_round != agent.assignment().round) {
       reported_round = agent.assignment().round;
-      agent.ReportCommitted(
-          commits, 0, 0,
-          "rebuild=" + std::to_string(std::chrono::duration<double>(agent.last_rebuild()).count()) +
-              " sync=" + std::to_string(std::chrono::duration<double>(sync_time).count()));
+      agent.ReportCommitted(state.version(), agent.last_rebuild(), sync_time);
     }
     agent.CheckHostUpdates();
   });
@@ -48,13 +44,19 @@ void Run(State& state, const std::function<void(State&)>& train, AgentOptions op
       agent.ReportFinished();
       return;
     } catch (const WorkerLostError& e) {
-      spdlog::warn("rank {}: {}; rolling back to the last commit", agent.assignment().rank,
-                   e.what());
+      spdlog::warn("rank {}: {}; rolling back to the last commit (version {})",
+                   agent.assignment().rank, e.what(), state.version());
       state.Restore();
     } catch (const HostsUpdated& e) {
       spdlog::info("rank {}: {}; re-forming at this commit", agent.assignment().rank, e.what());
     }
-    auto joined = agent.JoinNextRound();
+    // Join with the version this worker holds; a round whose communicator could not connect
+    // (aborted, or a peer died meanwhile) is left for the next one.
+    auto joined = agent.JoinNextRound(state.version());
+    while (!joined.ok() && joined.status().code() == Code::kAborted) {
+      spdlog::warn("{}; joining the next round", joined.status().message());
+      joined = agent.JoinNextRound(state.version());
+    }
     if (!joined.ok()) {
       std::fprintf(stderr, "elastic: %s\n", joined.status().ToString().c_str());
       std::exit(1);

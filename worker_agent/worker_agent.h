@@ -43,11 +43,13 @@ class Agent {
   static StatusOr<std::unique_ptr<Agent>> Create(WorkerEnv env, AgentOptions options = {});
   ~Agent();
 
-  // Destroys the current communicator, joins the next round (round 0 the first time) and
-  // builds the communicator for it. Returns false when the driver removed this slot (the
-  // worker should exit 0). Errors: DEADLINE_EXCEEDED, UNAVAILABLE (driver gone), or the
-  // communicator's connection failure.
-  StatusOr<bool> JoinNextRound();
+  // Destroys the current communicator, joins the next round (round 0 the first time), saying
+  // that this worker holds state `version` (State::version(); 0: none), and builds the
+  // communicator for it. Returns false when the driver removed this slot (the worker should
+  // exit 0). Errors: DEADLINE_EXCEEDED or UNAVAILABLE from Join (driver gone: fatal);
+  // ABORTED when the communicator could not connect (aborted by the driver, or a peer died):
+  // roll back and join again.
+  StatusOr<bool> JoinNextRound(int64_t version);
 
   const rendezvous::Assignment& assignment() const { return assignment_; }
   Communicator& comm();  // valid after a successful JoinNextRound
@@ -63,9 +65,14 @@ class Agent {
   // Stops the Watch thread (idempotent). Called at process exit for the Init() agent.
   void StopWatch();
 
-  // Best-effort reports to the driver (failures are logged, not fatal).
-  void ReportCommitted(int64_t step, int64_t epoch, int64_t cursor,
-                       const std::string& message = "");
+  // Best-effort reports to the driver (failures are logged, not fatal). A COMMITTED report
+  // carries the version the commit made and, on a round's first commit, the worker-side
+  // recovery phases.
+  void ReportCommitted(int64_t version, Duration rebuild, Duration sync);
+  // Tells the driver that this worker leaves the job of its own accord: the driver forms the
+  // next round without it at once, whether it then exits 0, fails or is killed. Blocks until
+  // the driver has it (or the call fails: logged). The caller should then exit.
+  void ReportLeaving(const std::string& why);
   // How long building the communicator of the current round took.
   Duration last_rebuild() const { return last_rebuild_; }
   void ReportFinished();
@@ -75,8 +82,7 @@ class Agent {
   Agent(WorkerEnv env, AgentOptions options);
   void WatchLoop();
   void OnEvent(const rendezvous::Event& e);
-  void SendReport(rendezvous::ReportKind kind, int64_t step, int64_t epoch, int64_t cursor,
-                  const std::string& message);
+  void SendReport(rendezvous::Report r);
 
   WorkerEnv env_;
   AgentOptions options_;
@@ -87,7 +93,9 @@ class Agent {
   std::atomic<int64_t> aborted_round_{-1};   // newest round the driver aborted
   std::atomic<bool> stopping_{false};
   std::mutex comm_mu_;  // guards comm_ against Abort from the Watch thread
-  std::unique_ptr<worker_agent::GlooCommunicator> comm_;  // guarded by comm_mu_ when replaced
+  // The current round's communicator, installed before it connects; guarded by comm_mu_
+  // when replaced (the training thread reads it without the lock).
+  std::unique_ptr<worker_agent::GlooCommunicator> comm_;
   std::thread watch_;
   Duration last_rebuild_{0};
 };

@@ -142,7 +142,7 @@ int Lost(Agent& agent) {
     std::printf("lost detected rank %d: %s\n", c.rank(), e.what());
     std::fflush(stdout);
     // As elastic::Run would: re-form with the survivors, then finish.
-    auto joined = agent.JoinNextRound();
+    auto joined = agent.JoinNextRound(0);
     if (!joined.ok() || !*joined) return 1;
     agent.comm().Barrier();  // nobody leaves while a peer still connects to it
     return 0;

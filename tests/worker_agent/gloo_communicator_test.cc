@@ -2,6 +2,10 @@
 // real Gloo TCP pairs on loopback.
 #include "worker_agent/gloo_communicator.h"
 
+#include <arpa/inet.h>
+#include <gloo/transport/tcp/address.h>
+#include <netinet/in.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -30,8 +34,8 @@ std::vector<std::string> RunRanks(int n, const std::function<void(GlooCommunicat
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
       try {
-        auto a =
-            core.Join("h:" + std::to_string(i), -1, core.clock()->Now() + std::chrono::seconds(30));
+        auto a = core.Join("h:" + std::to_string(i), -1, 0,
+                           core.clock()->Now() + std::chrono::seconds(30));
         if (!a.ok()) throw std::runtime_error(a.status().ToString());
         auto store = MakeCoreRoundStore(&core, 0);
         Topology topo{i, n, i, n, 0, 1};
@@ -239,20 +243,28 @@ TEST_CASE("gloo: a rank that goes away fails its peers' collective with WorkerLo
   CHECK(lost.load() == 3);
 }
 
-TEST_CASE("gloo: abort from another thread fails a blocked collective at once", "[unit]") {
+// The three places an abort must reach (issue 7): a collective that is running, one about to
+// start, and a communicator still connecting. In each, the peer stays alive and silent, so
+// nothing but the abort can end the wait before Gloo's own 30 s timeout; a watchdog fails the
+// test if the abort has not ended it within 10 s.
+TEST_CASE("gloo: abort from another thread fails a running collective; the peer stays silent",
+          "[unit]") {
   std::atomic<int> lost{0};
+  std::atomic<bool> late{false};
   std::promise<void> rank0_done;
   auto done = rank0_done.get_future().share();
   auto failures = RunRanks(2, [&](GlooCommunicator& c) {
     if (c.rank() == 1) {
-      // Rank 1 stays connected but never enters the collective, so only rank 0's own Abort
-      // can end it.
-      done.wait_for(std::chrono::seconds(20));
+      // Connected, alive, and never in the collective: its sockets stay open.
+      done.wait_for(std::chrono::seconds(60));
       return;
     }
+    std::promise<void> returned;
+    auto returned_f = returned.get_future();
     std::thread aborter([&] {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       c.Abort();
+      if (returned_f.wait_for(std::chrono::seconds(10)) != std::future_status::ready) late = true;
     });
     std::vector<float> v(16, 1.0f);
     try {
@@ -260,11 +272,95 @@ TEST_CASE("gloo: abort from another thread fails a blocked collective at once", 
     } catch (const WorkerLostError&) {
       lost.fetch_add(1);
     }
-    rank0_done.set_value();
+    returned.set_value();
     aborter.join();
+    rank0_done.set_value();
   });
   CHECK(failures.empty());
   CHECK(lost.load() == 1);
+  CHECK_FALSE(late.load());
+}
+
+TEST_CASE("gloo: after an abort a collective about to start fails at once", "[unit]") {
+  std::atomic<int> lost{0};
+  std::promise<void> rank0_done;
+  auto done = rank0_done.get_future().share();
+  auto failures = RunRanks(2, [&](GlooCommunicator& c) {
+    if (c.rank() == 1) {
+      done.wait_for(std::chrono::seconds(60));
+      return;
+    }
+    c.Abort();
+    for (int i = 0; i < 3; ++i) {
+      try {
+        std::vector<double> v(8, 1.0);
+        if (i == 0) c.Allreduce(v.data(), v.size(), DataType::kF64, ReduceOp::kSum);
+        if (i == 1) c.Broadcast(v.data(), v.size() * sizeof(double), 1);
+        if (i == 2) c.Barrier();
+      } catch (const WorkerLostError&) {
+        lost.fetch_add(1);
+      }
+    }
+    rank0_done.set_value();
+  });
+  CHECK(failures.empty());
+  CHECK(lost.load() == 3);
+}
+
+// A RoundStore whose peer published its addresses and then went silent.
+class SilentPeerStore : public RoundStore {
+ public:
+  explicit SilentPeerStore(std::string peer_blob) : peer_(std::move(peer_blob)) {}
+  Status Set(const std::string&, const std::string&) override { return Status::Ok(); }
+  StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys, Duration) override {
+    return std::vector<std::string>(keys.size(), peer_);
+  }
+
+ private:
+  std::string peer_;
+};
+
+TEST_CASE("gloo: abort from another thread fails a communicator that is still connecting",
+          "[unit]") {
+  // Rank 1 "published" an address at which nobody will ever connect to rank 0: rank 0's pair
+  // (the listening side: 127.0.0.2 sorts after its own 127.0.0.1) waits for it.
+  sockaddr_in peer{};
+  peer.sin_family = AF_INET;
+  peer.sin_port = htons(1);
+  inet_pton(AF_INET, "127.0.0.2", &peer.sin_addr);
+  sockaddr_storage ss{};
+  std::memcpy(&ss, &peer, sizeof peer);
+  std::vector<char> addr = gloo::transport::tcp::Address(ss, 0).bytes();
+  std::string blob;
+  for (int r = 0; r < 2; ++r) {
+    uint32_t n = r == 0 ? static_cast<uint32_t>(addr.size()) : 0;
+    blob.append(reinterpret_cast<const char*>(&n), sizeof n);
+    if (r == 0) blob.append(addr.data(), addr.size());
+  }
+  SilentPeerStore store(blob);
+  GlooOptions opts;
+  opts.connect_timeout = std::chrono::seconds(30);
+  auto comm = GlooCommunicator::New(Topology{0, 2, 0, 2, 0, 1}, opts);
+  REQUIRE(comm.ok());
+  std::promise<Status> result;
+  auto result_f = result.get_future();
+  std::thread connector([&] { result.set_value((*comm)->Connect(&store)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  (*comm)->Abort();
+  bool ended = result_f.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  CHECK(ended);
+  connector.join();  // after the check: without the abort it ends at the 30 s connect timeout
+  Status s = result_f.get();
+  CHECK(s.code() == Code::kAborted);
+  CHECK_THAT(s.message(), Catch::Contains("aborted"));
+}
+
+TEST_CASE("gloo: a communicator aborted before it connects never waits for its peers", "[unit]") {
+  SilentPeerStore store("");
+  auto comm = GlooCommunicator::New(Topology{0, 2, 0, 2, 0, 1}, GlooOptions{});
+  REQUIRE(comm.ok());
+  (*comm)->Abort();
+  CHECK((*comm)->Connect(&store).code() == Code::kAborted);
 }
 
 }  // namespace

@@ -1,0 +1,99 @@
+"""Checks of the promise that the example's ledger and final line make checkable: every sample
+index of every epoch consumed by exactly one committed step, no silent restart, and the final
+model bit for bit the fault-free one. Shared by the end-to-end tests and the chaos soak.
+
+The example writes, per rank and step, before the step's allreduce:
+    epoch step round rank size time_ms indices
+A step that was rolled back and trained again appears again with a newer round; the lines of
+a step's newest round are the ones its committed version consumed.
+"""
+import collections
+import glob
+import re
+
+FINAL = re.compile(r"final: (\d+) steps, loss ([\d.]+), w\[0..3\] = (.*), hash ([0-9a-f]{16})$",
+                   re.M)
+
+Line = collections.namedtuple("Line", "epoch step round rank size ts indices")
+
+
+def final_hash(output):
+    """The final model's hash printed by rank 0, or None."""
+    m = FINAL.search(output)
+    return m.group(4) if m else None
+
+
+def read(prefix):
+    lines = []
+    for path in glob.glob(prefix + ".*"):
+        with open(path) as f:
+            for text in f:
+                parts = text.split()
+                if len(parts) < 6:
+                    continue  # a line cut short by a kill
+                idx = [int(x) for x in parts[6].split(",")] if len(parts) > 6 else []
+                lines.append(Line(int(parts[0]), int(parts[1]), int(parts[2]), int(parts[3]),
+                                  int(parts[4]), int(parts[5]), idx))
+    return lines
+
+
+def check(prefix, samples, epochs, max_rollback):
+    """Returns a list of violations (empty: the promise held).
+
+    * every (epoch, step) has, in its newest round, exactly one line from every rank of that
+      round (a step re-run inside one round, or committed without some rank, is a violation);
+    * per epoch, the newest-round lines consume every index exactly once;
+    * steps are numbered 1..N without gaps;
+    * when a round starts, it resumes at most `max_rollback` steps behind the furthest step
+      any earlier round reached (more is training silently restarted or state thrown away).
+    """
+    problems = []
+    lines = read(prefix)
+    if not lines:
+        return ["the ledger is empty"]
+    by_step = collections.defaultdict(list)
+    for l in lines:
+        by_step[(l.epoch, l.step)].append(l)
+    consumed = collections.defaultdict(list)
+    for (epoch, step), entries in sorted(by_step.items()):
+        newest = max(e.round for e in entries)
+        mine = [e for e in entries if e.round == newest]
+        ranks = sorted(e.rank for e in mine)
+        if ranks != list(range(mine[0].size)):
+            problems.append(f"epoch {epoch} step {step} round {newest}: lines from ranks "
+                            f"{ranks}, wanted 0..{mine[0].size - 1} once each")
+        for e in mine:
+            consumed[epoch].extend(e.indices)
+    if sorted(consumed) != list(range(epochs)):
+        problems.append(f"epochs in the ledger: {sorted(consumed)}, wanted 0..{epochs - 1}")
+    for epoch in range(epochs):
+        counts = collections.Counter(consumed.get(epoch, []))
+        twice = sorted(i for i, c in counts.items() if c > 1)
+        missing = sorted(set(range(samples)) - set(counts))
+        if twice or missing:
+            problems.append(f"epoch {epoch}: {len(twice)} indices trained twice {twice[:5]}, "
+                            f"{len(missing)} never {missing[:5]}")
+    steps = sorted({s for (_, s) in by_step})
+    if steps != list(range(1, len(steps) + 1)):
+        problems.append(f"steps are not 1..{len(steps)} without gaps")
+    first = {}
+    last = {}
+    for l in lines:
+        first[l.round] = min(first.get(l.round, l.step), l.step)
+        last[l.round] = max(last.get(l.round, l.step), l.step)
+    furthest = 0
+    for r in sorted(first):
+        rollback = furthest - (first[r] - 1)
+        if rollback > max_rollback:
+            problems.append(f"round {r} resumed at step {first[r]} after step {furthest} had "
+                            f"been reached: {rollback} steps thrown away (at most "
+                            f"{max_rollback} may be)")
+        furthest = max(furthest, last[r])
+    return problems
+
+
+def longest_gap(prefix):
+    """The longest time (s) between two consecutive ledger lines of the whole job."""
+    ts = sorted(l.ts for l in read(prefix))
+    gaps = [(b - a) / 1000.0 for a, b in zip(ts, ts[1:])]
+    return max(gaps) if gaps else 0.0

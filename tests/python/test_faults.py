@@ -1,0 +1,137 @@
+"""Deterministic regression tests for the races a random-fault soak found (issue 7): each kills
+or fails a worker at an exact point of the protocol through the worker library's test hooks
+(ELASTIC_TEST_HOOKS, docs/testing.md) and checks the promise: exit 0, the fault-free model bit
+for bit, every sample of every epoch consumed by exactly one committed step, no silent
+restart."""
+import os
+import signal
+
+import pytest
+
+import ledger
+from helpers import Job, run
+from test_elastic import events, wait_event, worker_pid
+
+ARGS = ["--epochs", "8", "--step-ms", "5", "--commit-every", "4"]
+
+
+@pytest.fixture(scope="module")
+def example(build_dir):
+    return str(build_dir / "examples" / "logistic_regression")
+
+
+@pytest.fixture(scope="module")
+def want(elastic_run, example):
+    rc, out = run([elastic_run, "-np", "2", example] + ARGS)
+    assert rc == 0, out
+    return ledger.final_hash(out)
+
+
+def hooks_env(spec):
+    env = dict(os.environ)
+    env["ELASTIC_TEST_HOOKS"] = spec
+    return env
+
+
+def check_promise(job, book, want, commit_every=4, epochs=8):
+    assert job.wait(timeout=180) == 0, job.text()
+    assert ledger.final_hash(job.text()) == want, job.text()
+    problems = ledger.check(book, 4096, epochs, max_rollback=commit_every + 1)
+    assert not problems, "\n".join(problems)
+
+
+def formed(log):
+    return [e for e in events(log) if e["event"] == "round_formed"]
+
+
+def test_a_step_committed_on_some_ranks_only_is_synced_from_a_holder(
+        elastic_run, example, want, tmp_path):
+    """Commit 6: ranks 1 fails as if its gradient allreduce had lost the dying peer (it rolls
+    back to version 5), rank 3 dies, ranks 0 and 2 commit version 6 and then fail in the
+    commit's agreement. The survivors hold versions 6, 5, 6: the next round must sync them
+    from a holder of 6 (before: no sync, ranks a step apart, samples lost and repeated)."""
+    log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
+    spec = ("before_save@localhost:1@0@6=lost;"
+            "after_save@localhost:3@0@6=kill")
+    job = Job([elastic_run, "-np", "4", "--min-np", "2", "--host-failure-limit", "0",
+               "--event-log", log, example] + ARGS + ["--ledger", book], env=hooks_env(spec))
+    try:
+        check_promise(job, book, want)
+    finally:
+        job.kill()
+    split = [e for e in formed(log) if len(set(e["versions"]) - {0}) > 1]
+    assert split, formed(log)
+    assert split[0]["version"] == 6 and split[0]["sync_required"], split[0]
+    assert "test hook before_save fired: lost" in job.text()
+
+
+def test_rank_0_killed_while_it_syncs_a_newcomer_does_not_restart_training(
+        elastic_run, example, want, tmp_path):
+    """Slot 1 dies at commit 3 and comes back as a newcomer; in the next round rank 0 (slot 0)
+    dies while it sends the state. The newcomer holds nothing, so the next rank 0 must be
+    slot 2, which holds version 3 (before: the newcomer became rank 0 and training silently
+    restarted from step 0)."""
+    log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
+    spec = ("before_save@localhost:1@0@3=kill;"
+            "sync_root@localhost:0@1@*=kill")
+    job = Job([elastic_run, "-np", "3", "--min-np", "2", "--host-failure-limit", "0",
+               "--event-log", log, example] + ARGS + ["--ledger", book], env=hooks_env(spec))
+    try:
+        check_promise(job, book, want)
+    finally:
+        job.kill()
+    rounds = formed(log)
+    assert rounds[1]["members"][0] == "localhost:0" and rounds[1]["sync_required"], rounds
+    after = [r for r in rounds if r["round"] >= 2]
+    assert after and after[0]["members"][0] == "localhost:2", rounds
+    assert after[0]["version"] == 3, after[0]
+    assert "test hook sync_root fired: kill" in job.text()
+    assert not [e for e in events(log) if e["event"] == "state_lost"]
+
+
+@pytest.mark.parametrize("start_over", [False, True])
+def test_every_holder_gone_is_state_lost_never_a_silent_restart(
+        elastic_run, example, want, tmp_path, start_over):
+    """Both workers die right after commit 3: the relaunched ones hold nothing. The job says
+    so and fails, or starts over when asked to."""
+    log = str(tmp_path / "events.jsonl")
+    spec = "after_save@*@0@3=kill"
+    extra = ["--start-over-if-state-lost"] if start_over else []
+    job = Job([elastic_run, "-np", "2", "--min-np", "1", "--host-failure-limit", "0",
+               "--event-log", log] + extra + [example] + ARGS, env=hooks_env(spec))
+    try:
+        rc = job.wait(timeout=180)
+    finally:
+        job.kill()
+    lost = [e for e in events(log) if e["event"] == "state_lost"]
+    assert lost and lost[0]["newest_committed"] >= 1, events(log)[-5:]
+    if start_over:
+        assert rc == 0, job.text()
+        assert lost[0]["start_over"] is True
+        assert ledger.final_hash(job.text()) == want
+    else:
+        assert rc == 1, job.text()
+        assert "state lost" in job.text() and "--start-over-if-state-lost" in job.text()
+
+
+@pytest.mark.parametrize("how", ["exit 0", "exit 3", "killed"])
+def test_a_leaving_worker_is_re_formed_around_at_once(elastic_run, example, want, tmp_path,
+                                                      how):
+    log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
+    code = {"exit 0": "0", "exit 3": "3", "killed": "-1"}[how]
+    args = ["--epochs", "8", "--step-ms", "5", "--commit-every", "4"]
+    job = Job([elastic_run, "-np", "3", "--min-np", "2", "--rendezvous-timeout", "600",
+               "--event-log", log, example] + args + ["--ledger", book, "--leave-exit", code])
+    try:
+        job.wait_for(r"epoch 0 done")
+        os.kill(worker_pid(log, "localhost:2"), signal.SIGUSR1)
+        wait_event(log, lambda e: e["event"] == "worker_leaving" and e["slot"] == "localhost:2")
+        if how == "killed":
+            os.kill(worker_pid(log, "localhost:2"), signal.SIGKILL)
+        # The round forms without the leaver; no wait on --rendezvous-timeout (600 s).
+        wait_event(log, lambda e: e["event"] == "round_formed"
+                   and e["members"] == ["localhost:0", "localhost:1"], timeout=30)
+        check_promise(job, book, want)
+    finally:
+        job.kill()
+    assert not [e for e in events(log) if e["event"] == "worker_lost"]
