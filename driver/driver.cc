@@ -177,7 +177,7 @@ void Driver::Launch(Worker& w) {
     return;
   }
   w.proc = std::move(proc).value();
-  w.dropped = w.removed = w.finished = false;
+  w.dropped = w.removed = w.finished = w.leaving = false;
   spdlog::debug("started slot {} as pid {}", w.slot, w.proc->pid());
   log_.Write("worker_started", {{"slot", w.slot}, {"pid", int64_t{w.proc->pid()}}});
 }

@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
         state.Commit();
         continue;
       }
-      auto batch = sampler.Next(per_rank);
+      auto batch = sampler.Next(per_rank, o.global_batch);  // the same steps at any size
       std::fill(sums.begin(), sums.end(), 0);
       std::string line;
       for (size_t k = 0; k < batch.indices.size(); ++k) {

@@ -6,6 +6,7 @@
 #   BUILD_DIR=/tmp/b scripts/test.sh
 #   ELASTIC_ASAN=1 scripts/test.sh   # everything under AddressSanitizer (build-asan/)
 #   ELASTIC_SKIP_ASAN=1 scripts/test.sh  # skip the AddressSanitizer pass of the rendezvous tests
+#   ELASTIC_SKIP_SOAK=1 scripts/test.sh  # skip the 2-minute chaos soak (ELASTIC_SOAK_MINUTES=N)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -33,6 +34,12 @@ ctest --test-dir "$BUILD_DIR" -j "$JOBS" --output-on-failure --timeout 300
 if [ -d tests/python ] && ls tests/python/test_*.py >/dev/null 2>&1; then
   echo "== pytest"
   ELASTIC_BUILD_DIR="$BUILD_DIR" /usr/bin/python3 -m pytest -q tests/python
+fi
+# The chaos soak (issue 7): random kills, additions, removals, discovery failures and leaves,
+# for two minutes with a fresh seed (printed; a failure names it for replay).
+if [ "${ELASTIC_SKIP_SOAK:-0}" != "1" ]; then
+  echo "== chaos soak (${ELASTIC_SOAK_MINUTES:-2} min)"
+  BUILD_DIR="$BUILD_DIR" bash scripts/soak.sh --minutes "${ELASTIC_SOAK_MINUTES:-2}"
 fi
 # The gRPC service, its core and client once more under AddressSanitizer (and LeakSanitizer):
 # every waiting call ends, nothing leaks.

@@ -35,10 +35,11 @@ void ElasticSampler::SetEpoch(int64_t epoch) {
   BuildPermutation();
 }
 
-ElasticSampler::Batch ElasticSampler::Next(int batch_per_rank) {
+ElasticSampler::Batch ElasticSampler::Next(int batch_per_rank, int64_t global_batch) {
   Batch b;
   if (num_samples_ == 0 || batch_per_rank <= 0) return b;
   int64_t per_step = static_cast<int64_t>(batch_per_rank) * size_;
+  if (global_batch > 0) per_step = std::min(per_step, global_batch);
   int64_t end = std::min(num_samples_, cursor_ + per_step);
   for (int j = 0; j < batch_per_rank; ++j) {
     int64_t pos = cursor_ + rank_ + static_cast<int64_t>(j) * size_;

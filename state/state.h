@@ -37,8 +37,12 @@ class ElasticSampler {
 
   // The share this rank takes from now on. Call after every reset (Run does, via OnReset).
   void SetRank(int rank, int size);
-  // The next step's indices for this rank; advances the cursor by what all ranks consume.
-  Batch Next(int batch_per_rank);
+  // The next step's indices for this rank; advances the cursor by what all ranks consume:
+  // batch_per_rank * size, or at most `global_batch` when it is given (> 0). With
+  // batch_per_rank = ceil(global_batch / size), every step consumes exactly global_batch
+  // indices at any size (the positions beyond it are padding), so the steps, and a model
+  // trained on them, do not depend on the number of workers.
+  Batch Next(int batch_per_rank, int64_t global_batch = 0);
   // True when the epoch's indices are all consumed.
   bool EpochDone() const { return cursor_ >= num_samples_; }
   // Starts `epoch` (cursor 0, permutation of seed + epoch).

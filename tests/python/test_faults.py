@@ -20,11 +20,21 @@ def example(build_dir):
     return str(build_dir / "examples" / "logistic_regression")
 
 
+_HASHES = {}
+
+
+def fault_free_hash(elastic_run, example, args):
+    key = tuple(args)
+    if key not in _HASHES:
+        rc, out = run([elastic_run, "-np", "2", example] + list(args))
+        assert rc == 0, out
+        _HASHES[key] = ledger.final_hash(out)
+    return _HASHES[key]
+
+
 @pytest.fixture(scope="module")
 def want(elastic_run, example):
-    rc, out = run([elastic_run, "-np", "2", example] + ARGS)
-    assert rc == 0, out
-    return ledger.final_hash(out)
+    return fault_free_hash(elastic_run, example, ARGS)
 
 
 def hooks_env(spec):
@@ -135,3 +145,29 @@ def test_a_leaving_worker_is_re_formed_around_at_once(elastic_run, example, want
     finally:
         job.kill()
     assert not [e for e in events(log) if e["event"] == "worker_lost"]
+
+
+def test_a_slot_that_left_and_was_relaunched_is_a_member_like_any_other(
+        elastic_run, example, tmp_path):
+    """Found by the soak: a relaunched slot kept its predecessor's "leaving" mark, so a later
+    scale-down never told it to go and it waited in Join until the job ended."""
+    from test_elastic import Discovery
+    log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
+    disc = Discovery(tmp_path, "localhost:3")
+    args = ["--epochs", "20", "--step-ms", "5", "--commit-every", "4"]
+    want = fault_free_hash(elastic_run, example, args)
+    job = Job([elastic_run, "--min-np", "2", "--host-discovery-script", str(disc.script),
+               "--event-log", log, example] + args + ["--ledger", book])
+    try:
+        job.wait_for(r"epoch 0 done")
+        os.kill(worker_pid(log, "localhost:2"), signal.SIGUSR1)
+        wait_event(log, lambda e: e["event"] == "worker_exited" and e["slot"] == "localhost:2")
+        disc.set("localhost:4")  # a change: slots 2 and 3 start
+        wait_event(log, lambda e: e["event"] == "round_formed" and len(e["members"]) == 4)
+        disc.set("localhost:2")  # slots 2 and 3 go
+        wait_event(log, lambda e: e["event"] == "round_formed" and len(e["members"]) == 2)
+        check_promise(job, book, want, epochs=20)
+    finally:
+        job.kill()
+    exits = [e for e in events(log) if e["event"] == "worker_exited"]
+    assert all(e["code"] == 0 for e in exits), exits

@@ -43,6 +43,37 @@ TEST_CASE("sampler: one step of all ranks consumes the next prefix of the order"
   CHECK(seen.size() == static_cast<size_t>(n));  // 103 = 5 steps of 20 + 3: padding in the last
 }
 
+TEST_CASE("sampler: with a global batch, every size takes the same steps", "[unit]") {
+  // 50 indices, global batch 12: steps are the order's slices [0,12) [12,24) ... [48,50) at
+  // any size; ranks beyond the global batch get padding.
+  const int n = 50, global = 12;
+  ElasticSampler reference(n, true, 3);
+  std::vector<int64_t> order;
+  while (!reference.EpochDone()) {
+    for (auto i : reference.Next(1).indices) order.push_back(i);
+  }
+  for (int size : {1, 2, 3, 5, 7, 12, 13}) {
+    INFO("size " << size);
+    std::vector<ElasticSampler> ranks(size, ElasticSampler(n, true, 3));
+    for (int r = 0; r < size; ++r) ranks[r].SetRank(r, size);
+    const int per_rank = (global + size - 1) / size;
+    size_t at = 0;
+    while (!ranks[0].EpochDone()) {
+      std::multiset<int64_t> got;
+      for (auto& s : ranks) {
+        auto b = s.Next(per_rank, global);
+        for (size_t k = 0; k < b.indices.size(); ++k) {
+          if (!b.padding[k]) got.insert(b.indices[k]);
+        }
+      }
+      size_t len = std::min<size_t>(global, order.size() - at);
+      CHECK(got == std::multiset<int64_t>(order.begin() + at, order.begin() + at + len));
+      at += len;
+    }
+    CHECK(at == order.size());
+  }
+}
+
 TEST_CASE("sampler: the epoch's order depends on seed + epoch", "[unit]") {
   ElasticSampler a(50, true, 1), b(50, true, 1);
   b.SetEpoch(1);
