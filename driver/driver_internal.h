@@ -153,8 +153,9 @@ class Driver : public rendezvous::Listener {
   // Of the newest proposed round, in rank order (as planned; once formed, as the core ranked
   // them).
   std::vector<std::string> members_;
-  int64_t round_ = -1;   // newest proposed round
-  int64_t formed_ = -1;  // newest formed round
+  int64_t round_ = -1;                       // newest proposed round
+  int64_t formed_ = -1;                      // newest formed round
+  std::vector<std::string> formed_members_;  // of the newest formed round, in rank order
   int resets_ = 0, failures_ = 0;
   bool finishing_ = false;
   bool shutting_down_ = false;

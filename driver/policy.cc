@@ -156,9 +156,15 @@ void Driver::HandleExit(Worker& w, int code) {
   recovery_start_ = SteadyClock::now();
   recovering_ = true;
   log_.Write("worker_lost", {{"slot", w.slot}, {"rank", rank}, {"phase", "detect"}});
-  // Fail the survivors' collectives at once (a silent peer would otherwise cost a timeout).
-  for (const auto& slot : members_) {
-    if (slot != w.slot) core_->events().Publish(slot, Event{EventKind::kAbort, round_, what});
+  // Fail the survivors' collectives at once (a silent peer would otherwise cost a timeout):
+  // the abort names the formed round the worker was in, so that its peers there fail
+  // whatever they do in it (a collective, connecting) and those still joining it fail as
+  // soon as they are in it. A worker that was only in a proposed round has no peers yet:
+  // the members of the formed round are fenced by the new proposal, and roll nothing back.
+  if (std::find(formed_members_.begin(), formed_members_.end(), w.slot) != formed_members_.end()) {
+    for (const auto& slot : formed_members_) {
+      if (slot != w.slot) core_->events().Publish(slot, Event{EventKind::kAbort, formed_, what});
+    }
   }
   log_.Write("recovery_phase",
              {{"phase", "fence"}, {"seconds", Secs(SteadyClock::now() - recovery_start_)}});
@@ -217,6 +223,7 @@ void Driver::HandleFormed(const rendezvous::FormedRound& f) {
   formed_ = f.round;
   started_ = true;
   members_ = f.members;  // rank order as formed: rank 0 holds the newest version
+  formed_members_ = f.members;
   first_commit_logged_ = false;
   std::vector<std::string> behind;
   for (size_t i = 0; i < f.members.size(); ++i) {

@@ -171,3 +171,28 @@ def test_a_slot_that_left_and_was_relaunched_is_a_member_like_any_other(
         job.kill()
     exits = [e for e in events(log) if e["event"] == "worker_exited"]
     assert all(e["code"] == 0 for e in exits), exits
+
+
+def test_a_newcomer_killed_while_the_mesh_connects_does_not_strand_its_peers(
+        elastic_run, example, want, tmp_path):
+    """The newcomer (slot 3) dies right after it published its address for round 1: the
+    members that wait for it to connect are stuck in the mesh until the driver's ABORT reaches
+    them there. They must be back in Join within the 10 s rendezvous timeout (Gloo's own
+    connect timeout is 60 s), so the next round forms with every survivor."""
+    from test_elastic import Discovery
+    log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
+    disc = Discovery(tmp_path, "localhost:3")
+    job = Job([elastic_run, "--min-np", "2", "--host-discovery-script", str(disc.script),
+               "--host-failure-limit", "0", "--rendezvous-timeout", "10", "--event-log", log,
+               example] + ARGS + ["--ledger", book],
+              env=hooks_env("connect@localhost:3@1@*=kill"))
+    try:
+        job.wait_for(r"epoch 0 done")
+        disc.set("localhost:4")
+        check_promise(job, book, want)
+    finally:
+        job.kill()
+    assert "test hook connect fired: kill" in job.text()
+    assert "did not join" not in job.text(), job.text()
+    rounds = formed(log)
+    assert any(len(r["members"]) == 4 for r in rounds[2:]), rounds
