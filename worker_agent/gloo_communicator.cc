@@ -12,8 +12,10 @@
 #include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <condition_variable>
 #include <csignal>
 #include <cstring>
+#include <thread>
 
 #include "common/test_hook.h"
 
@@ -201,11 +203,60 @@ StatusOr<std::vector<char>> AddressFor(const std::string& blob, int rank, int pe
 
 }  // namespace
 
+struct GlooCommunicator::Executor {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::function<void()> job;  // guarded by mu; the collective to run next
+  uint64_t posted = 0;        // guarded by mu; jobs posted
+  uint64_t finished = 0;      // guarded by mu; jobs finished
+  std::exception_ptr error;   // guarded by mu; of the last finished job
+  bool stop = false;          // guarded by mu
+  bool abandoned = false;     // guarded by mu; a job outlived an abort
+  std::thread thread;
+
+  static void Loop(std::shared_ptr<Executor> self) {
+    std::unique_lock<std::mutex> lock(self->mu);
+    while (true) {
+      self->cv.wait(lock, [&] { return self->stop || self->posted > self->finished; });
+      if (self->posted == self->finished) return;  // stopped, nothing left
+      std::function<void()> job = std::move(self->job);
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        job();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      job = nullptr;
+      lock.lock();
+      self->error = error;
+      ++self->finished;
+      self->cv.notify_all();
+    }
+  }
+};
+
 GlooCommunicator::GlooCommunicator(std::shared_ptr<AbortableContext> ctx, Topology topo,
                                    GlooOptions options)
     : ctx_(std::move(ctx)), topo_(topo), options_(std::move(options)) {}
 
 GlooCommunicator::~GlooCommunicator() {
+  if (exec_) {
+    bool abandoned;
+    {
+      std::lock_guard<std::mutex> g(exec_->mu);
+      exec_->stop = true;
+      abandoned = exec_->abandoned && exec_->finished < exec_->posted;
+      exec_->cv.notify_all();
+    }
+    // An abandoned collective holds the Gloo context it uses (its options share it) and ends
+    // at Gloo's timeout; its thread then finds `stop` and returns.
+    if (abandoned) {
+      exec_->thread.detach();
+    } else {
+      exec_->thread.join();
+    }
+  }
   std::lock_guard<std::mutex> g(abort_mu_);
   ctx_.reset();
   pairs_.reset();
@@ -298,19 +349,45 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(RoundStore*
   return comm;
 }
 
-template <typename Fn>
-void GlooCommunicator::Guard(const char* what, Fn&& fn) {
-  if (aborted_.load()) {
-    throw WorkerLostError(std::string(what) + ": the communicator was aborted (a peer is gone)");
+void GlooCommunicator::Guard(const char* what, std::function<void()> fn) {
+  auto lost = [what](const std::string& why) {
+    return WorkerLostError(std::string(what) + (why.empty() ? "" : ": ") + why);
+  };
+  if (aborted_.load()) throw lost("the communicator was aborted (a peer is gone)");
+  if (!exec_) {
+    auto ex = std::make_shared<Executor>();
+    ex->thread = std::thread(&Executor::Loop, ex);
+    std::lock_guard<std::mutex> g(abort_mu_);  // Abort() reads exec_ from another thread
+    exec_ = std::move(ex);
   }
-  try {
-    fn();
-  } catch (const gloo::Exception& e) {
-    throw WorkerLostError(std::string(what) + " failed, a peer is gone: " + e.what());
+  Executor& ex = *exec_;
+  std::unique_lock<std::mutex> lock(ex.mu);
+  ex.job = std::move(fn);
+  uint64_t ticket = ++ex.posted;
+  ex.cv.notify_all();
+  ex.cv.wait(lock, [&] { return ex.finished >= ticket || aborted_.load(); });
+  if (ex.finished < ticket) {
+    // Aborted while running: every pair is closed now; a wait Gloo left unwoken can do no
+    // more I/O, and one that was about to end ends within the grace.
+    bool ended =
+        ex.cv.wait_for(lock, std::chrono::seconds(2), [&] { return ex.finished >= ticket; });
+    if (!ended) {
+      ex.abandoned = true;
+      throw lost(
+          "the communicator was aborted (a peer is gone); the collective is left to "
+          "Gloo's timeout");
+    }
   }
-  if (aborted_.load()) {
-    throw WorkerLostError(std::string(what) + ": the communicator was aborted (a peer is gone)");
+  std::exception_ptr error = ex.error;
+  lock.unlock();
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const gloo::Exception& e) {
+      throw lost(std::string("failed, a peer is gone: ") + e.what());
+    }
   }
+  if (aborted_.load()) throw lost("the communicator was aborted (a peer is gone)");
 }
 
 void GlooCommunicator::Allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
@@ -463,11 +540,23 @@ void GlooCommunicator::Barrier() {
 
 void GlooCommunicator::Abort() {
   aborted_.store(true);
-  std::lock_guard<std::mutex> g(abort_mu_);
-  try {
-    Signal(pairs_, "aborted: a peer of this round is gone");
-  } catch (const std::exception&) {
-    // Signalling pairs that already failed may throw; the flag above is what later calls check.
+  {
+    std::lock_guard<std::mutex> g(abort_mu_);
+    try {
+      Signal(pairs_, "aborted: a peer of this round is gone");
+    } catch (const std::exception&) {
+      // Signalling pairs that already failed may throw; the flag above is what later calls
+      // check.
+    }
+  }
+  std::shared_ptr<Executor> ex;
+  {
+    std::lock_guard<std::mutex> g(abort_mu_);
+    ex = exec_;
+  }
+  if (ex) {
+    std::lock_guard<std::mutex> g(ex->mu);
+    ex->cv.notify_all();
   }
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -68,19 +69,25 @@ class GlooCommunicator : public Communicator {
   void Abort() override;
 
  private:
+  struct Executor;
   GlooCommunicator(std::shared_ptr<AbortableContext> ctx, Topology topo, GlooOptions options);
   Status ConnectPairs(RoundStore* store);
-  template <typename Fn>
-  void Guard(const char* what, Fn&& fn);
+  // Runs a Gloo collective on the executor thread and waits for it or for Abort(). Gloo leaves
+  // some waits unwoken when a pair fails (an unbound send queued on a pair that broke): they
+  // would last the whole collective timeout. After Abort() every pair is closed, so such a
+  // wait can do no more I/O: the caller gives it a short grace to finish, then leaves it to
+  // end at Gloo's timeout on its own thread and throws WorkerLostError at once.
+  void Guard(const char* what, std::function<void()> fn);
 
   std::shared_ptr<AbortableContext> ctx_;
   Topology topo_;
   GlooOptions options_;
   std::vector<char> fusion_;  // the fusion buffer, grown on first use up to fusion_bytes
   std::atomic<bool> aborted_{false};
-  std::mutex abort_mu_;           // serializes Abort() against connecting and the destructor
-  std::shared_ptr<void> device_;  // gloo::transport::Device, until connected
-  std::shared_ptr<void> pairs_;   // gloo::transport::Context being connected; abort_mu_
+  std::mutex abort_mu_;             // serializes Abort() against connecting and the destructor
+  std::shared_ptr<void> device_;    // gloo::transport::Device, until connected
+  std::shared_ptr<void> pairs_;     // gloo::transport::Context being connected; abort_mu_
+  std::shared_ptr<Executor> exec_;  // started on the first collective
 };
 
 }  // namespace elastic::worker_agent

@@ -6,6 +6,8 @@
 //   lost               allreduce in a loop; rank N-1 prints its pid and waits to be killed;
 //                      the others print "lost detected rank R" on WorkerLostError, join the
 //                      next round and exit 0
+//   big                64 MiB allreduces in a loop; each rank prints "looping rank R pid P";
+//                      on WorkerLostError prints "lost detected rank R", re-forms, exits 0
 #include <unistd.h>
 
 #include <cmath>
@@ -123,14 +125,16 @@ int Collectives(Communicator& c) {
 int Lost(Agent& agent) {
   Communicator& c = agent.comm();
   std::vector<float> v(1 << 16, 1.0f);
-  c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
-  if (c.rank() == c.size() - 1) {
-    std::printf("victim pid %d\n", getpid());
-    std::fflush(stdout);
-    pause();
-    return 0;
-  }
   try {
+    // The victim returns from this first allreduce before its peers may have: they can see
+    // it go in this call already.
+    c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
+    if (c.rank() == c.size() - 1) {
+      std::printf("victim pid %d\n", getpid());
+      std::fflush(stdout);
+      pause();
+      return 0;
+    }
     for (int i = 0; i < 100000000; ++i) {
       c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
       if (i == 0) {
@@ -145,6 +149,30 @@ int Lost(Agent& agent) {
     auto joined = agent.JoinNextRound(0);
     if (!joined.ok() || !*joined) return 1;
     agent.comm().Barrier();  // nobody leaves while a peer still connects to it
+    return 0;
+  }
+  return 1;
+}
+
+// Every rank allreduces 64 MiB in a loop (a test stops and then kills one of them); a survivor
+// prints "lost detected rank R", re-forms and finishes.
+int Big(Agent& agent) {
+  Communicator& c = agent.comm();
+  std::vector<float> v(16 << 20, 1.0f);
+  try {
+    for (int i = 0; i < 100000000; ++i) {
+      c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kMax);
+      if (i == 0) {
+        std::printf("looping rank %d pid %d\n", c.rank(), getpid());
+        std::fflush(stdout);
+      }
+    }
+  } catch (const WorkerLostError& e) {
+    std::printf("lost detected rank %d: %s\n", c.rank(), e.what());
+    std::fflush(stdout);
+    auto joined = agent.JoinNextRound(0);
+    if (!joined.ok() || !*joined) return 1;
+    agent.comm().Barrier();
     return 0;
   }
   return 1;
@@ -177,6 +205,7 @@ int main(int argc, char** argv) {
     return agent.comm().rank() == rank ? code : 0;
   }
   if (mode == "lost") return Lost(agent);
+  if (mode == "big") return Big(agent);
   std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
   return 2;
 }

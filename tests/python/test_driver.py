@@ -2,6 +2,7 @@
 import os
 import re
 import signal
+import time
 
 import pytest
 
@@ -115,3 +116,20 @@ def test_template_launcher_runs_remote_slots(elastic_run, test_worker, tmp_path)
                    "--launcher-template", "sh -c {command}", test_worker, "collectives"])
     assert rc == 0, out
     assert "[1]<stdout>:collectives ok rank 1 of 2" in out
+
+
+def test_a_peer_stopped_then_killed_mid_transfer_never_strands_a_survivor(elastic_run,
+                                                                        test_worker):
+    """Rank 1 is stopped while 64 MiB allreduces run, then killed: rank 0's collective ends
+    with WorkerLostError (the pair fails, or the driver's ABORT ends it), it re-forms alone
+    and the job succeeds, long before Gloo's 300 s collective timeout."""
+    job = Job([elastic_run, "-np", "2", "--min-np", "1", test_worker, "big"])
+    try:
+        pid = int(job.wait_for(r"looping rank 1 pid (\d+)", timeout=60)[0].group(1))
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(1)  # set-up: let rank 0's sends fill the stopped peer's socket
+        os.kill(pid, signal.SIGKILL)
+        job.wait_for(r"lost detected rank 0", timeout=30)
+        assert job.wait(timeout=60) == 0, job.text()
+    finally:
+        job.kill()
