@@ -32,6 +32,14 @@ echo "== ctest"
 ctest --test-dir "$BUILD_DIR" -j "$JOBS" --output-on-failure --timeout 300
 
 if [ -d tests/python ] && ls tests/python/test_*.py >/dev/null 2>&1; then
+  # The Python tests use the package as a user does: installed by `cmake --install` where
+  # /usr/bin/python3 finds it (as root; otherwise from the build tree).
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "== install (the Python package for /usr/bin/python3)"
+    cmake --install "$BUILD_DIR" >"$BUILD_DIR/install.log" || { cat "$BUILD_DIR/install.log"; exit 1; }
+  else
+    export ELASTIC_PYTHONPATH="$BUILD_DIR/python"
+  fi
   echo "== pytest"
   ELASTIC_BUILD_DIR="$BUILD_DIR" /usr/bin/python3 -m pytest -q tests/python
 fi

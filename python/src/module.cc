@@ -1,0 +1,183 @@
+// _elastic: the pybind11 extension behind the Python package `elastic`. It binds the worker
+// agent (join, assignment, reports), the communicator of the current round (collectives on raw
+// buffers: the Python side hands in the data pointer of a contiguous numpy array or CPU torch
+// tensor, so nothing is copied), State with its commit/restore/sync virtuals overridable from
+// Python, and elastic::Run. Every call that waits releases the GIL.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "state/state.h"
+#include "worker_agent/worker_agent.h"
+
+namespace py = pybind11;
+using namespace elastic;
+
+namespace {
+
+// The Python exception classes (elastic.WorkerLostError, elastic.HostsUpdatedInterrupt), set
+// by the package at import.
+py::object* g_lost = nullptr;
+py::object* g_updated = nullptr;
+
+// Runs Python code called from C++ (an override, the training function) and turns the Python
+// exceptions that the recovery loop must see back into the C++ ones.
+template <typename Fn>
+auto CallPython(Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (py::error_already_set& e) {
+    if (g_lost && e.matches(*g_lost)) {
+      std::string what = py::str(e.value());
+      throw WorkerLostError(what);
+    }
+    if (g_updated && e.matches(*g_updated)) {
+      std::string what = py::str(e.value());
+      throw HostsUpdated(what);
+    }
+    throw;
+  }
+}
+
+// State whose save/restore/sync are Python methods (elastic.State subclasses).
+class PyState : public State {
+ public:
+  void Save() override {
+    py::gil_scoped_acquire gil;
+    CallPython([&] { PYBIND11_OVERRIDE_PURE_NAME(void, State, "save", Save); });
+  }
+  void Restore() override {
+    py::gil_scoped_acquire gil;
+    CallPython([&] { PYBIND11_OVERRIDE_PURE_NAME(void, State, "restore", Restore); });
+  }
+  void Sync(Communicator& /*comm*/, int root) override {
+    py::gil_scoped_acquire gil;
+    CallPython([&] {
+      py::function f = py::get_override(static_cast<const State*>(this), "sync");
+      if (!f) throw std::logic_error("elastic.State subclasses must define sync()");
+      f(root);
+    });
+  }
+  void SetVersion(int64_t v) { version_ = v; }
+};
+
+DataType DType(int code) {
+  if (code < 0 || code > 5) throw py::value_error("unknown dtype code " + std::to_string(code));
+  return static_cast<DataType>(code);
+}
+
+ReduceOp Op(int code) {
+  if (code < 0 || code > 3) throw py::value_error("unknown reduce op " + std::to_string(code));
+  return static_cast<ReduceOp>(code);
+}
+
+Communicator& Comm() { return Init().comm(); }
+
+}  // namespace
+
+PYBIND11_MODULE(_elastic, m) {
+  m.doc() = "elastic-run worker agent (use the `elastic` package, not this module)";
+
+  m.def("_set_exceptions", [](py::object lost, py::object updated) {
+    g_lost = new py::object(std::move(lost));  // kept for the life of the process
+    g_updated = new py::object(std::move(updated));
+    py::register_exception_translator([](std::exception_ptr p) {
+      try {
+        if (p) std::rethrow_exception(p);
+      } catch (const WorkerLostError& e) {
+        PyErr_SetString(g_lost->ptr(), e.what());
+      } catch (const HostsUpdated& e) {
+        PyErr_SetString(g_updated->ptr(), e.what());
+      }
+    });
+  });
+
+  m.def("init", [] { Init(); }, py::call_guard<py::gil_scoped_release>(),
+        "Joins the job (round 0) and builds the communicator; idempotent.");
+  m.def("assignment", [] {
+    const auto& a = Init().assignment();
+    py::dict d;
+    d["round"] = a.round;
+    d["rank"] = a.rank;
+    d["size"] = a.size;
+    d["local_rank"] = a.local_rank;
+    d["local_size"] = a.local_size;
+    d["cross_rank"] = a.cross_rank;
+    d["cross_size"] = a.cross_size;
+    d["sync_required"] = a.sync_required;
+    return d;
+  });
+  m.def("slot", [] { return Init().env().slot; });
+  m.def("report_leaving", [](const std::string& why) { Init().ReportLeaving(why); },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("check_host_updates", [] { Init().CheckHostUpdates(); },
+        py::call_guard<py::gil_scoped_release>());
+
+  m.def(
+      "allreduce",
+      [](uintptr_t ptr, size_t count, int dtype, int op) {
+        Comm().Allreduce(reinterpret_cast<void*>(ptr), count, DType(dtype), Op(op));
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "allreduce_many",
+      [](const std::vector<std::tuple<uintptr_t, size_t, int>>& tensors, int op) {
+        std::vector<TensorView> views;
+        for (const auto& [ptr, count, dtype] : tensors) {
+          views.push_back({reinterpret_cast<void*>(ptr), count, DType(dtype)});
+        }
+        Comm().AllreduceMany(views, Op(op));
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "broadcast",
+      [](uintptr_t ptr, size_t bytes, int root) {
+        Comm().Broadcast(reinterpret_cast<void*>(ptr), bytes, root);
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def("allgather", [](const py::bytes& data) {
+    std::string in = data;
+    std::vector<std::vector<char>> out;
+    {
+      py::gil_scoped_release release;
+      out = Comm().Allgather(in.data(), in.size());
+    }
+    py::list result;
+    for (const auto& v : out) result.append(py::bytes(v.data(), v.size()));
+    return result;
+  });
+  m.def("barrier", [] { Comm().Barrier(); }, py::call_guard<py::gil_scoped_release>());
+
+  py::class_<State, PyState>(m, "State")
+      .def(py::init<>())
+      .def("commit", &State::Commit, py::call_guard<py::gil_scoped_release>(),
+           "Saves the state as the next version, then checks for host updates (raises "
+           "HostsUpdatedInterrupt at the same commit on every rank).")
+      .def_property_readonly("version", &State::version)
+      .def("_set_version", [](State& s, int64_t v) { static_cast<PyState&>(s).SetVersion(v); })
+      .def(
+          "_on_reset",
+          [](State& s, py::function fn) {
+            s.OnReset([fn] {
+              py::gil_scoped_acquire gil;
+              CallPython([&] { fn(); });
+            });
+          },
+          "Registers a callback run after every reset (new round).")
+      .def("_reset", &State::Reset);
+
+  m.def(
+      "run",
+      [](State& state, py::function train) {
+        py::gil_scoped_release release;
+        Run(state, [&train](State&) {
+          py::gil_scoped_acquire gil;
+          CallPython([&] { train(); });
+        });
+      },
+      "The recovery loop (elastic::Run) around train(); the package's @elastic.run uses it.");
+}

@@ -1,0 +1,115 @@
+"""The Python package `elastic` (python/), as a user gets it: `cmake --install` puts it where
+/usr/bin/python3 finds it (scripts/test.sh installs before pytest), and workers are plain
+Python scripts under elastic-run. torch is imported only by the workers that need it."""
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import ledger
+from helpers import Job, run, wait_gone
+from test_elastic import events, worker_pid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKERS = os.path.join(HERE, "workers")
+PY = "/usr/bin/python3"
+
+
+def py_env():
+    env = dict(os.environ)
+    extra = os.environ.get("ELASTIC_PYTHONPATH")  # a build tree instead of the install
+    if extra:
+        env["PYTHONPATH"] = extra
+    return env
+
+
+def test_the_package_imports_without_pythonpath():
+    env = py_env()
+    p = subprocess.run([PY, "-c", "import elastic, sys; print(elastic.__file__)"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "elastic" in p.stdout
+
+
+@pytest.mark.parametrize("np_", [1, 2, 4])
+def test_every_collective_and_dtype_against_numpy(elastic_run, np_):
+    rc, out = run([elastic_run, "-np", str(np_), PY, os.path.join(WORKERS, "api_worker.py")],
+                  env=py_env(), timeout=180)
+    assert rc == 0, out
+    for r in range(np_):
+        assert f"api ok rank {r} of {np_}" in out, out
+
+
+def test_torch_tensors_every_dtype_including_bfloat16(elastic_run):
+    rc, out = run([elastic_run, "-np", "2", PY, os.path.join(WORKERS, "api_worker.py"),
+                   "--torch"], env=py_env(), timeout=180)
+    assert rc == 0, out
+    assert "api ok rank 1 of 2" in out, out
+
+
+def test_a_script_runs_under_plain_python3_as_a_job_of_size_1():
+    p = subprocess.run([PY, os.path.join(WORKERS, "api_worker.py")], env=py_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "api ok rank 0 of 1" in p.stdout
+    assert p.stderr.count("running as a job of size 1") == 1, p.stderr
+
+
+def fault_free(elastic_run, tmp_path, epochs):
+    rc, out = run([elastic_run, "-np", "2", PY, os.path.join(WORKERS, "train_state.py"),
+                   str(epochs), str(tmp_path / "ff")], env=py_env(), timeout=180)
+    assert rc == 0, out
+    return out.split("final weights ")[1].split()[0]
+
+
+def test_elastic_run_recovers_a_python_job_with_the_fault_free_model(elastic_run, tmp_path):
+    want = fault_free(elastic_run, tmp_path, 6)
+    log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
+    job = Job([elastic_run, "-np", "3", "--min-np", "2", "--host-failure-limit", "0",
+               "--event-log", log, PY, os.path.join(WORKERS, "train_state.py"), "6", book],
+              env=py_env())
+    try:
+        job.wait_for(r"<stdout>:|round 0 formed", timeout=60)
+        import time
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait for some training, by the ledger
+            if len(ledger.read(book)) > 40:
+                break
+            time.sleep(0.05)
+        os.kill(worker_pid(log, "localhost:0"), signal.SIGKILL)  # rank 0
+        assert job.wait(timeout=180) == 0, job.text()
+    finally:
+        job.kill()
+    assert f"final weights {want}" in job.text(), job.text()
+    problems = ledger.check(book, 512, 6, max_rollback=4)
+    assert not problems, "\n".join(problems)
+    formed = [e for e in events(log) if e["event"] == "round_formed"]
+    assert len(formed) >= 2 and formed[1]["sync_required"], formed
+
+
+def test_a_user_exception_fails_the_job_with_its_traceback(elastic_run, tmp_path):
+    rc, out = run([elastic_run, "-np", "2", PY, os.path.join(WORKERS, "train_state.py"), "2",
+                   str(tmp_path / "l"), "--fail-at", "5"], env=py_env(), timeout=120)
+    assert rc == 1, out
+    assert "Traceback" in out and "a bug in the user's training code" in out, out
+    assert "train_state.py" in out
+
+
+def test_sigterm_to_elastic_run_leaves_no_python_worker(elastic_run, tmp_path):
+    log = str(tmp_path / "events.jsonl")
+    job = Job([elastic_run, "-np", "2", "--event-log", log, PY,
+               os.path.join(WORKERS, "train_state.py"), "1000", str(tmp_path / "l")],
+              env=py_env())
+    try:
+        import time
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(ledger.read(str(tmp_path / "l"))) < 4:
+            time.sleep(0.05)
+        pids = [worker_pid(log, "localhost:0"), worker_pid(log, "localhost:1")]
+        job.proc.send_signal(signal.SIGTERM)
+        assert job.wait(timeout=60) == 128 + signal.SIGTERM, job.text()
+        assert wait_gone(pids) == []
+    finally:
+        job.kill()
