@@ -27,7 +27,7 @@ from . import _elastic as _C
 
 __all__ = [
     "init", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
-    "cross_size", "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_",
+    "cross_size", "current_round", "slot", "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_",
     "broadcast", "broadcast_", "allgather", "barrier", "broadcast_object", "allgather_object",
     "run", "State", "ObjectState", "WorkerLostError", "HostsUpdatedInterrupt", "leave",
     "Sum", "Average", "Min", "Max",
@@ -104,6 +104,16 @@ def cross_rank():
 
 def cross_size():
     return _assignment()["cross_size"]
+
+
+def current_round():
+    """The membership round this worker is in (it changes after every reset)."""
+    return _assignment()["round"]
+
+
+def slot():
+    """This worker's slot, "host:index": its identity across rounds (ranks change)."""
+    return _C.slot() if not _local else "local:0"
 
 
 # --- buffers: numpy arrays and CPU torch tensors, by pointer (never copied) -----------------

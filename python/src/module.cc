@@ -96,8 +96,9 @@ PYBIND11_MODULE(_elastic, m) {
     });
   });
 
-  m.def("init", [] { Init(); }, py::call_guard<py::gil_scoped_release>(),
-        "Joins the job (round 0) and builds the communicator; idempotent.");
+  m.def(
+      "init", [] { Init(); }, py::call_guard<py::gil_scoped_release>(),
+      "Joins the job (round 0) and builds the communicator; idempotent.");
   m.def("assignment", [] {
     const auto& a = Init().assignment();
     py::dict d;
@@ -112,10 +113,12 @@ PYBIND11_MODULE(_elastic, m) {
     return d;
   });
   m.def("slot", [] { return Init().env().slot; });
-  m.def("report_leaving", [](const std::string& why) { Init().ReportLeaving(why); },
-        py::call_guard<py::gil_scoped_release>());
-  m.def("check_host_updates", [] { Init().CheckHostUpdates(); },
-        py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "report_leaving", [](const std::string& why) { Init().ReportLeaving(why); },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "check_host_updates", [] { Init().CheckHostUpdates(); },
+      py::call_guard<py::gil_scoped_release>());
 
   m.def(
       "allreduce",
@@ -150,7 +153,8 @@ PYBIND11_MODULE(_elastic, m) {
     for (const auto& v : out) result.append(py::bytes(v.data(), v.size()));
     return result;
   });
-  m.def("barrier", [] { Comm().Barrier(); }, py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "barrier", [] { Comm().Barrier(); }, py::call_guard<py::gil_scoped_release>());
 
   py::class_<State, PyState>(m, "State")
       .def(py::init<>())
@@ -169,6 +173,27 @@ PYBIND11_MODULE(_elastic, m) {
           },
           "Registers a callback run after every reset (new round).")
       .def("_reset", &State::Reset);
+
+  py::class_<ElasticSampler>(m, "ElasticSampler")
+      .def(py::init<int64_t, bool, uint64_t>(), py::arg("num_samples"), py::arg("shuffle"),
+           py::arg("seed"))
+      .def("set_rank", &ElasticSampler::SetRank)
+      .def("next",
+           [](ElasticSampler& s, int per_rank, int64_t global_batch) {
+             auto b = s.Next(per_rank, global_batch);
+             return py::make_tuple(b.indices,
+                                   std::vector<bool>(b.padding.begin(), b.padding.end()));
+           })
+      .def("epoch_done", &ElasticSampler::EpochDone)
+      .def("set_epoch", &ElasticSampler::SetEpoch)
+      .def_property_readonly("epoch", &ElasticSampler::epoch)
+      .def_property_readonly("cursor", &ElasticSampler::cursor)
+      .def_property_readonly("num_samples", &ElasticSampler::num_samples)
+      .def("serialize", [](const ElasticSampler& s) { return py::bytes(s.Serialize()); })
+      .def("deserialize", [](ElasticSampler& s, const py::bytes& b) {
+        Status st = s.Deserialize(std::string(b));
+        if (!st.ok()) throw py::value_error(st.message());
+      });
 
   m.def(
       "run",
