@@ -16,6 +16,7 @@ Options: --epochs E (20)  --global-batch G (64)  --lr X (0.05)  --hidden H (64)
 """
 import argparse
 import hashlib
+import json
 import os
 import time
 
@@ -41,6 +42,8 @@ def parse():
     p.add_argument("--step-ms", type=int, default=0, help="extra time per step (for demos)")
     p.add_argument("--ledger", default=None, help="write each step's indices (tests)")
     p.add_argument("--save", default=None, help="rank 0 saves the final state_dict here")
+    p.add_argument("--progress", action="store_true",
+                   help="print a JSON line per step (rank 0) and each rank's pid (benchmarks)")
     return p.parse_args()
 
 
@@ -75,6 +78,9 @@ def main():
             return (F.cross_entropy(out, y_test).item(),
                     (out.argmax(1) == y_test).float().mean().item())
 
+    if args.progress:
+        print(json.dumps({"rank": elastic.rank(), "pid": os.getpid()}), flush=True)
+
     @elastic.run
     def train(state):
         ledger = None
@@ -100,6 +106,8 @@ def main():
                 optimizer.step()
                 sampler.record_batch(i)
                 state.step += 1
+                if args.progress and elastic.rank() == 0:
+                    print(json.dumps({"t": time.time(), "step": state.step}), flush=True)
                 if args.step_ms:
                     time.sleep(args.step_ms / 1000)
                 if state.step % args.commit_every == 0:

@@ -327,6 +327,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict(sd)
 
     def zero_grad(self, set_to_none=False):
+        """Zeroes the gradients, after any reduction still running from a step that failed
+        (so a retried step starts clean)."""
+        with self._lock:
+            while self._pending:
+                self._done.wait()
+            self._ready = [0] * len(self._buckets)
+            self._launched = [False] * len(self._buckets)
+            self._error = None
+        for p in self._passes:
+            self._passes[p] = 0
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def __repr__(self):

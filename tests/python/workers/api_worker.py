@@ -78,6 +78,65 @@ if WITH_TORCH:
     elastic.broadcast_(t, root_rank=0) if r else elastic.broadcast_(t.fill_(3.0), root_rank=0)
     assert torch.all(t == 3.0)
 
+# Waiting calls release the GIL: a Python thread runs while this rank waits in a barrier for
+# a rank that is still busy.
+import threading
+import time
+
+ticks = [0]
+stop = threading.Event()
+
+
+def tick():
+    while not stop.is_set():
+        ticks[0] += 1
+        time.sleep(0.001)
+
+
+if n > 1:
+    t = threading.Thread(target=tick)
+    t.start()
+    if r == n - 1:
+        time.sleep(0.5)
+    before = ticks[0]
+    elastic.barrier()
+    during = ticks[0] - before
+    stop.set()
+    t.join()
+    if r == 0:
+        assert during > 50, f"the barrier held the GIL: {during} ticks while it waited"
+
+# State: commit makes versions, restore rolls back, reset callbacks are registered.
+st = elastic.ObjectState(a=1, b=[1, 2])
+assert st.version == 0
+st.a = 2
+st.commit()
+assert st.version == 1
+st.a = 3
+st.b.append(3)
+st.restore()
+assert st.a == 2 and st.b == [1, 2] and st.version == 1
+st.register_reset_callbacks([lambda: None])
+st.check_host_updates()  # no change announced: returns
+st.sync(0)
+assert st.version == elastic.broadcast_object(st.version, 0)
+
+if WITH_TORCH:
+    import torch
+    import elastic.torch as et
+    model = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float(r))
+    et.broadcast_parameters(model.state_dict(), root_rank=0)
+    assert all(torch.all(p == 0) for p in model.parameters())
+    opt = torch.optim.Adam(model.parameters())
+    if r == 0:
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+    et.broadcast_optimizer_state(opt, root_rank=0)
+    assert len(opt.state) == 2, opt.state  # Adam's state came from rank 0
+
 # Bad arguments are ValueErrors that name what is wrong, never a crash.
 bad = [
     (lambda: elastic.allreduce(np.zeros((4, 4))[:, 1]), "contiguous"),
