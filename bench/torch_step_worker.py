@@ -41,17 +41,19 @@ def run_elastic(args):
     import elastic
     import elastic.torch as et
     elastic.init()
+    # "elastic-one-bucket": every gradient in one bucket, reduced after backward: no overlap.
+    bucket = (1 << 40) if args.impl == "elastic-one-bucket" else (25 << 20)
 
     def setup(m):
         opt = et.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.01),
-                                      named_parameters=m.named_parameters())
+                                      named_parameters=m.named_parameters(), bucket_bytes=bucket)
 
         def step(m, opt, x, y):
             opt.zero_grad()
             nn.functional.cross_entropy(m(x), y).backward()
             opt.step()
         return opt, step
-    train("elastic", elastic.rank(), elastic.size(), args, setup)
+    train(args.impl, elastic.rank(), elastic.size(), args, setup)
 
 
 def run_ddp(rank, args):
@@ -74,7 +76,7 @@ def run_ddp(rank, args):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("impl", choices=["elastic", "ddp"])
+    p.add_argument("impl", choices=["elastic", "elastic-one-bucket", "ddp"])
     p.add_argument("--size", type=int, default=2)
     p.add_argument("--port", type=int, default=29500)
     p.add_argument("--width", type=int, default=2048)
@@ -84,7 +86,7 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=0)
     args = p.parse_args()
-    if args.impl == "elastic":
+    if args.impl.startswith("elastic"):
         run_elastic(args)
     else:
         import torch.multiprocessing as mp

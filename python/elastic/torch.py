@@ -329,14 +329,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none=False):
         """Zeroes the gradients, after any reduction still running from a step that failed
         (so a retried step starts clean)."""
-        with self._lock:
-            while self._pending:
-                self._done.wait()
-            self._ready = [0] * len(self._buckets)
-            self._launched = [False] * len(self._buckets)
-            self._error = None
-        for p in self._passes:
-            self._passes[p] = 0
+        self._finish(launch=False)
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def __repr__(self):
@@ -376,10 +369,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self):
         """Waits until every bucket of this step is reduced (launching those whose gradients
         never came, e.g. unused parameters). Raises the reduction's error (WorkerLostError)."""
+        error = self._finish(launch=True)
+        if error is not None:
+            raise error
+
+    def _finish(self, launch):
+        """Waits for the buckets in flight (launching the rest first if `launch`), resets the
+        step's bookkeeping and returns the reductions' error, if any."""
         with self._lock:
-            for b in range(len(self._buckets)):
-                if not self._launched[b]:
-                    self._launch(b)
+            if launch:
+                for b in range(len(self._buckets)):
+                    if not self._launched[b]:
+                        self._launch(b)
             while self._pending:
                 self._done.wait()
             error, self._error = self._error, None
@@ -387,8 +388,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._launched = [False] * len(self._buckets)
         for p in self._passes:
             self._passes[p] = 0
-        if error is not None:
-            raise error
+        return error
 
     def step(self, closure=None):
         self.synchronize()

@@ -122,6 +122,17 @@ int Collectives(Communicator& c) {
   return 0;
 }
 
+// Prints "lost detected rank R", then, as elastic::Run would, re-forms with the survivors and
+// finishes.
+int ReformAfterLoss(Agent& agent, int rank, const WorkerLostError& e) {
+  std::printf("lost detected rank %d: %s\n", rank, e.what());
+  std::fflush(stdout);
+  auto joined = agent.JoinNextRound(0);
+  if (!joined.ok() || !*joined) return 1;
+  agent.comm().Barrier();  // nobody leaves while a peer still connects to it
+  return 0;
+}
+
 int Lost(Agent& agent) {
   Communicator& c = agent.comm();
   std::vector<float> v(1 << 16, 1.0f);
@@ -143,13 +154,7 @@ int Lost(Agent& agent) {
       }
     }
   } catch (const WorkerLostError& e) {
-    std::printf("lost detected rank %d: %s\n", c.rank(), e.what());
-    std::fflush(stdout);
-    // As elastic::Run would: re-form with the survivors, then finish.
-    auto joined = agent.JoinNextRound(0);
-    if (!joined.ok() || !*joined) return 1;
-    agent.comm().Barrier();  // nobody leaves while a peer still connects to it
-    return 0;
+    return ReformAfterLoss(agent, c.rank(), e);
   }
   return 1;
 }
@@ -168,12 +173,7 @@ int Big(Agent& agent) {
       }
     }
   } catch (const WorkerLostError& e) {
-    std::printf("lost detected rank %d: %s\n", c.rank(), e.what());
-    std::fflush(stdout);
-    auto joined = agent.JoinNextRound(0);
-    if (!joined.ok() || !*joined) return 1;
-    agent.comm().Barrier();
-    return 0;
+    return ReformAfterLoss(agent, c.rank(), e);
   }
   return 1;
 }

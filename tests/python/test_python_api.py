@@ -113,3 +113,18 @@ def test_sigterm_to_elastic_run_leaves_no_python_worker(elastic_run, tmp_path):
         assert wait_gone(pids) == []
     finally:
         job.kill()
+
+
+def test_a_python_worker_that_leaves_is_re_formed_around(elastic_run, tmp_path):
+    want = fault_free(elastic_run, tmp_path, 4)
+    log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
+    rc, out = run([elastic_run, "-np", "3", "--min-np", "2", "--event-log", log, PY,
+                   os.path.join(WORKERS, "train_state.py"), "4", book, "--leave-at", "10"],
+                  env=py_env(), timeout=180)
+    assert rc == 0, out
+    assert f"final weights {want}" in out, out
+    leaving = [e for e in events(log) if e["event"] == "worker_leaving"]
+    assert leaving and leaving[0]["reason"] == "the test asked", events(log)
+    assert not [e for e in events(log) if e["event"] == "worker_lost"]
+    problems = ledger.check(book, 512, 4, max_rollback=4)
+    assert not problems, "\n".join(problems)

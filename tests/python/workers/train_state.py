@@ -3,7 +3,7 @@ data, gradients summed in exact fixed point (int64 allreduce), so the final weig
 bit the same at any size and under any faults. Each rank writes a ledger like the C++
 example's. Prints "final weights HASH steps S" on rank 0.
 
-    train_state.py EPOCHS LEDGER_PREFIX [--fail-at STEP]
+    train_state.py EPOCHS LEDGER_PREFIX [--fail-at STEP] [--leave-at STEP]
 """
 import hashlib
 import os
@@ -17,6 +17,7 @@ import elastic
 EPOCHS = int(sys.argv[1])
 LEDGER = sys.argv[2]
 FAIL_AT = int(sys.argv[sys.argv.index("--fail-at") + 1]) if "--fail-at" in sys.argv else -1
+LEAVE_AT = int(sys.argv[sys.argv.index("--leave-at") + 1]) if "--leave-at" in sys.argv else -1
 N, D, GLOBAL = 512, 8, 32
 rng = np.random.default_rng(5)
 X = rng.normal(size=(N, D))
@@ -40,6 +41,8 @@ def train(state):
             ledger.flush()
             if state.step + 1 == FAIL_AT and r == n - 1:
                 raise RuntimeError("a bug in the user's training code")
+            if state.step + 1 == LEAVE_AT and r == n - 1 and elastic.current_round() == 0:
+                elastic.leave("the test asked")
             err = X[mine] @ state.w - Y[mine]
             grad = np.round(err[:, None] * X[mine] * FIXED).astype(np.int64).sum(0)
             elastic.allreduce_(grad, op=elastic.Sum)
