@@ -33,6 +33,7 @@ struct Posted {
     kRoundFormed,
     kStateLost,
     kJoinTimeout,
+    kMemberLeft,
     kReport,
     kWatchOpened,
     kWatchClosed,
@@ -86,6 +87,11 @@ class Driver : public rendezvous::Listener {
     p.slots = missing;
     Post(std::move(p));
   }
+  void OnMemberLeft(int64_t round, const std::string& slot) override {
+    Posted p{Posted::kMemberLeft, round};
+    p.slots = {slot};
+    Post(std::move(p));
+  }
   void OnReport(const rendezvous::Report& r) override {
     Posted p{Posted::kReport};
     p.report = r;
@@ -124,6 +130,9 @@ class Driver : public rendezvous::Listener {
   void HandleReport(const rendezvous::Report& r);
   void HandleFormed(const rendezvous::FormedRound& f);
   void HandleLeaving(Worker& w, const std::string& why);
+  void HandleMemberLeft(int64_t round, const std::string& slot);
+  // ABORT to every member of the formed round but `gone`, if `gone` is one of them.
+  void AbortFormedRound(const std::string& gone, const std::string& why);
   void Replan(const std::string& reason);
   void Launch(Worker& w);
   void Terminate(int code, const std::string& message);
@@ -156,6 +165,7 @@ class Driver : public rendezvous::Listener {
   int64_t round_ = -1;                       // newest proposed round
   int64_t formed_ = -1;                      // newest formed round
   std::vector<std::string> formed_members_;  // of the newest formed round, in rank order
+  int64_t aborted_ = -1;                     // newest formed round whose members got ABORT
   int resets_ = 0, failures_ = 0;
   bool finishing_ = false;
   bool shutting_down_ = false;

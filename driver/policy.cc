@@ -161,11 +161,7 @@ void Driver::HandleExit(Worker& w, int code) {
   // whatever they do in it (a collective, connecting) and those still joining it fail as
   // soon as they are in it. A worker that was only in a proposed round has no peers yet:
   // the members of the formed round are fenced by the new proposal, and roll nothing back.
-  if (std::find(formed_members_.begin(), formed_members_.end(), w.slot) != formed_members_.end()) {
-    for (const auto& slot : formed_members_) {
-      if (slot != w.slot) core_->events().Publish(slot, Event{EventKind::kAbort, formed_, what});
-    }
-  }
+  AbortFormedRound(w.slot, what);
   log_.Write("recovery_phase",
              {{"phase", "fence"}, {"seconds", Secs(SteadyClock::now() - recovery_start_)}});
   if (hosts_.RecordFailure(w.host)) {
@@ -260,6 +256,32 @@ void Driver::HandleFormed(const rendezvous::FormedRound& f) {
   }
 }
 
+void Driver::AbortFormedRound(const std::string& gone, const std::string& why) {
+  if (std::find(formed_members_.begin(), formed_members_.end(), gone) == formed_members_.end()) {
+    return;
+  }
+  aborted_ = formed_;
+  for (const auto& slot : formed_members_) {
+    if (slot != gone) core_->events().Publish(slot, Event{EventKind::kAbort, formed_, why});
+  }
+}
+
+void Driver::HandleMemberLeft(int64_t round, const std::string& slot) {
+  // A member that joins again has left its round. Fenced members do that at a commit (no
+  // collective is in flight then; the abort costs nothing); one whose mesh failed to connect
+  // leaves peers that may wait for it to connect: they are told now, and when no new round is
+  // pending, the same members re-form.
+  if (round != formed_ || aborted_ >= round || shutting_down_ || finishing_) return;
+  std::string why = "slot " + slot + " left round " + std::to_string(round);
+  AbortFormedRound(slot, why);
+  if (round_ == formed_) {
+    spdlog::warn("{} on its own; re-forming", why);
+    log_.Write("member_left", {{"slot", slot}, {"round", round}});
+    round_broken_ = true;
+    Replan(why);
+  }
+}
+
 void Driver::HandleLeaving(Worker& w, const std::string& why) {
   if (w.leaving || shutting_down_) return;
   w.leaving = true;
@@ -340,6 +362,9 @@ void Driver::HandlePosted(Posted& p) {
       Replan("slots did not join");
       break;
     }
+    case Posted::kMemberLeft:
+      HandleMemberLeft(p.round, p.slots[0]);
+      break;
     case Posted::kReport:
       HandleReport(p.report);
       break;

@@ -278,6 +278,12 @@ WaiterId Core::JoinAsync(const std::string& slot, int64_t last_round, int64_t ve
         CompleteJoin(prev->second, Aborted("superseded by a newer Join from slot " + slot), &out);
       }
       newest_committed_ = std::max(newest_committed_, version);
+      if (options_.listener && formed_round_ >= 0 && last_round >= formed_round_ &&
+          formed_members_.count(slot)) {
+        Listener* l = options_.listener;
+        int64_t round = formed_round_;
+        out.push_back([l, round, slot] { l->OnMemberLeft(round, slot); });
+      }
       joins_.emplace(id, JoinWaiter{slot, last_round, version, deadline, std::move(done)});
       join_by_slot_[slot] = id;
       deadlines_.emplace(deadline, id);

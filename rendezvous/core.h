@@ -54,6 +54,9 @@ class Listener {
   // The proposed round's members hold no commit although commits were made; it stays unformed.
   virtual void OnStateLost(const FormedRound& /*round*/) {}
   virtual void OnJoinTimeout(int64_t /*round*/, const std::vector<std::string>& /*missing*/) {}
+  // A member of the formed `round` joins again (it left the round: fenced, failed to connect,
+  // rolled back): its peers there cannot complete a collective without it.
+  virtual void OnMemberLeft(int64_t /*round*/, const std::string& /*slot*/) {}
   virtual void OnReport(const Report& /*report*/) {}
   virtual void OnWatchOpened(const std::string& /*slot*/) {}
   virtual void OnWatchClosed(const std::string& /*slot*/) {}

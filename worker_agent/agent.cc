@@ -147,7 +147,9 @@ void Agent::OnEvent(const rendezvous::Event& e) {
         std::lock_guard<std::mutex> g(comm_mu_);
         aborted_round_.store(std::max(aborted_round_.load(), e.round));
         client_->CancelGets(e.round);
-        if (comm_) comm_->Abort();
+        // Checked again under the lock: the training thread may have installed the next
+        // round's communicator since, which this abort must not touch.
+        if (comm_ && comm_round_ <= e.round) comm_->Abort();
       }
       break;
     case EventKind::kShutdown: {
@@ -186,6 +188,7 @@ StatusOr<bool> Agent::JoinNextRound(int64_t version) {
     // came before (while this worker was still in Join) takes effect at once.
     std::lock_guard<std::mutex> g(comm_mu_);
     comm_ = std::move(made).value();
+    comm_round_ = assignment_.round;
     if (aborted_round_.load() >= assignment_.round) comm_->Abort();
   }
   auto store = worker_agent::MakeRpcRoundStore(client_.get(), assignment_.round);

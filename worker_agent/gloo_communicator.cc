@@ -370,7 +370,7 @@ void GlooCommunicator::Guard(const char* what, std::function<void()> fn) {
     // Aborted while running: every pair is closed now; a wait Gloo left unwoken can do no
     // more I/O, and one that was about to end ends within the grace.
     bool ended =
-        ex.cv.wait_for(lock, std::chrono::seconds(2), [&] { return ex.finished >= ticket; });
+        ex.cv.wait_for(lock, std::chrono::milliseconds(500), [&] { return ex.finished >= ticket; });
     if (!ended) {
       ex.abandoned = true;
       throw lost(

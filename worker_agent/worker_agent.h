@@ -96,6 +96,7 @@ class Agent {
   // The current round's communicator, installed before it connects; guarded by comm_mu_
   // when replaced (the training thread reads it without the lock).
   std::unique_ptr<worker_agent::GlooCommunicator> comm_;
+  int64_t comm_round_ = -1;  // the round comm_ belongs to; guarded by comm_mu_
   std::thread watch_;
   Duration last_rebuild_{0};
 };
