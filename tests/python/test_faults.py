@@ -214,5 +214,7 @@ def test_a_member_that_leaves_its_round_on_its_own_gets_its_peers_aborted(
         job.kill()
     assert "test hook connect fired: lost" in job.text()
     assert "did not join" not in job.text(), job.text()
+    # Slot 1, or a peer whose connect to it was refused once slot 1 closed its sockets,
+    # is the first to join again: either way round 0 is left and re-formed.
     left = [e for e in events(log) if e["event"] == "member_left"]
-    assert left and left[0]["slot"] == "localhost:1" and left[0]["round"] == 0, events(log)
+    assert left and left[0]["round"] == 0, events(log)
