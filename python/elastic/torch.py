@@ -135,13 +135,11 @@ class ElasticSampler(torch.utils.data.Sampler):
         if elastic.is_initialized():
             self.rank, self.size = elastic.rank(), elastic.size()
         self._s.set_rank(self.rank, self.size)
-        self._plan = None
 
     # --- the share --------------------------------------------------------------------------
     def set_rank(self, rank, size):
         self.rank, self.size = rank, size
         self._s.set_rank(rank, size)
-        self._plan = None
 
     @property
     def batch_size(self):
@@ -225,12 +223,10 @@ class ElasticSampler(torch.utils.data.Sampler):
             copy.next(per, self.global_batch_size or 0)
         self._s.deserialize(copy.serialize())
         self._recorded = samples
-        self._plan = None
 
     def set_epoch(self, epoch):
         """Starts `epoch`: cursor 0, the permutation of seed + epoch."""
         self._s.set_epoch(int(epoch))
-        self._plan = None
         self._base = None
 
     @property
@@ -249,7 +245,6 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     def load_state_dict(self, sd):
         self._s.deserialize(struct.pack("<qq", int(sd["epoch"]), int(sd["cursor"])))
-        self._plan = None
         self._base = None
 
 
