@@ -51,6 +51,39 @@ std::string ShellQuote(const std::string& s) {
   return out + "'";
 }
 
+namespace {
+
+// The reaper side of LaunchSpec::reap_orphans, in the forked child: async-signal-safe calls
+// only. Kills every process reparented to it (it is a child subreaper) until none is left.
+void KillAdopted() {
+  char path[64] = "/proc/self/task/";
+  size_t n = strlen(path);
+  char digits[16];
+  int len = 0;
+  for (pid_t v = getpid(); v > 0; v /= 10) digits[len++] = static_cast<char>('0' + v % 10);
+  while (len > 0) path[n++] = digits[--len];
+  memcpy(path + n, "/children", 10);
+  for (int rounds = 0; rounds < 10000; ++rounds) {
+    char buf[4096];
+    ssize_t got = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      got = read(fd, buf, sizeof buf - 1);
+      close(fd);
+    }
+    for (ssize_t i = 0; i < got;) {
+      pid_t child = 0;
+      while (i < got && buf[i] >= '0' && buf[i] <= '9') child = child * 10 + (buf[i++] - '0');
+      if (child > 0) kill(child, SIGKILL);
+      while (i < got && (buf[i] < '0' || buf[i] > '9')) ++i;
+    }
+    int status;
+    if (waitpid(-1, &status, 0) < 0 && errno == ECHILD) return;
+  }
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
   if (spec.argv.empty()) return InvalidArgument("no command to run");
   ASSIGN_OR_RETURN(std::string program, FindProgram(spec.argv[0]));
@@ -95,6 +128,25 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
     dup2(err_pipe[1], 2);
     int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) dup2(devnull, 0);
+    if (spec.reap_orphans) {
+      prctl(PR_SET_CHILD_SUBREAPER, 1);
+      pid_t reaper = getpid();
+      pid_t inner = fork();
+      if (inner < 0) _exit(127);
+      if (inner > 0) {
+        int status = 0;
+        while (waitpid(inner, &status, 0) < 0 && errno == EINTR) {
+        }
+        KillAdopted();
+        if (WIFEXITED(status)) _exit(WEXITSTATUS(status));
+        int sig = WIFSIGNALED(status) ? WTERMSIG(status) : SIGKILL;
+        signal(sig, SIG_DFL);
+        kill(getpid(), sig);
+        _exit(128 + sig);
+      }
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != reaper) _exit(137);
+    }
     execve(program.c_str(), argv.data(), envp.data());
     dprintf(2, "cannot execute %s: %s\n", program.c_str(), strerror(errno));
     _exit(127);

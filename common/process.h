@@ -17,6 +17,11 @@ struct LaunchSpec {
   std::vector<std::string> argv;           // program and arguments (argv[0] searched in PATH)
   std::map<std::string, std::string> env;  // added to the driver's environment
   bool die_with_parent = true;  // PR_SET_PDEATHSIG(SIGKILL): dies with the thread that started it
+  // Runs the program under a small reaper process (a child subreaper) that, when the program
+  // exits, kills whatever it left behind, even children that left its process group
+  // (setsid), and then exits with the program's status. For short-lived helpers such as the
+  // discovery script.
+  bool reap_orphans = false;
 };
 
 class Process {

@@ -76,8 +76,12 @@ class HostTable {
   // Listed hosts that are not blacklisted (a host whose cooldown ended comes back), in
   // first-seen order.
   std::vector<HostSlots> Available() const;
+  // Listed hosts that are not blacklisted for good: those whose cooldown has yet to end too.
+  std::vector<HostSlots> AvailableEventually() const;
   // When the next cooldown ends (TimePoint::max() when none).
   TimePoint NextCooldownEnd() const;
+  // Whether a cooldown ended since the last call (each end is told once).
+  bool TakeEndedCooldowns();
   Duration LastCooldown() const { return last_cooldown_; }
 
  private:
@@ -88,6 +92,7 @@ class HostTable {
     int times_blacklisted = 0;
     bool blacklisted = false;
     TimePoint until;  // blacklisted until; max() = forever
+    bool end_told = true;  // TakeEndedCooldowns told of `until`
   };
   HostTableOptions options_;
   std::vector<std::string> order_;

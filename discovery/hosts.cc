@@ -164,6 +164,7 @@ bool HostTable::RecordFailure(const std::string& host) {
   double secs = jitter(rng_);
   last_cooldown_ = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(secs));
   e.until = options_.clock->Now() + last_cooldown_;
+  e.end_told = false;
   return true;
 }
 
@@ -180,6 +181,27 @@ std::vector<HostSlots> HostTable::Available() const {
     if (e.listed && !Blacklisted(name)) out.push_back({name, e.slots});
   }
   return out;
+}
+
+std::vector<HostSlots> HostTable::AvailableEventually() const {
+  std::vector<HostSlots> out;
+  for (const auto& name : order_) {
+    const Entry& e = hosts_.at(name);
+    if (e.listed && !(e.blacklisted && e.until == TimePoint::max())) out.push_back({name, e.slots});
+  }
+  return out;
+}
+
+bool HostTable::TakeEndedCooldowns() {
+  bool any = false;
+  TimePoint now = options_.clock->Now();
+  for (auto& [name, e] : hosts_) {
+    if (e.blacklisted && !e.end_told && e.until <= now) {
+      e.end_told = true;
+      any = true;
+    }
+  }
+  return any;
 }
 
 TimePoint HostTable::NextCooldownEnd() const {

@@ -16,52 +16,65 @@ StatusOr<ScriptResult> RunScript(const std::string& script, Duration timeout, si
   } else {
     spec.argv = {script};
   }
+  spec.reap_orphans = true;  // what it leaves behind goes when it exits
   ASSIGN_OR_RETURN(std::unique_ptr<Process> proc, Process::Start(spec));
   ScriptResult r;
   TimePoint deadline = SteadyClock::now() + timeout;
   char buf[65536];
-  while (proc->stdout_fd() >= 0 || proc->stderr_fd() >= 0) {
+  // Reads what one stream has now; false when it ended or the output is over the cap.
+  auto read_some = [&](int stream) {
+    int fd = stream == 0 ? proc->stdout_fd() : proc->stderr_fd();
+    if (fd < 0) return false;
+    ssize_t got = read(fd, buf, sizeof buf);
+    if (got < 0 && (errno == EAGAIN || errno == EINTR)) return false;
+    if (got <= 0) {
+      stream == 0 ? proc->CloseStdout() : proc->CloseStderr();
+      return false;
+    }
+    std::string& dst = stream == 0 ? r.out : r.err;
+    dst.append(buf, static_cast<size_t>(got));
+    if (stream == 1 && r.err.size() > 8192) r.err.erase(0, r.err.size() - 8192);
+    if (r.out.size() > max_output) {
+      r.truncated = true;
+      r.out.resize(max_output);
+      return false;
+    }
+    return true;
+  };
+  // The run ends when the script exits: a child it left in the background holding its
+  // stdout does not keep the run going.
+  int code = 0;
+  bool exited = false;
+  while (!exited && !r.truncated) {
     auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
     if (left.count() <= 0) {
       r.timed_out = true;
       break;
     }
-    pollfd fds[2] = {{proc->stdout_fd(), POLLIN, 0}, {proc->stderr_fd(), POLLIN, 0}};
-    if (poll(fds, 2, static_cast<int>(std::min<long>(left.count(), 1000))) < 0 && errno != EINTR) {
+    pollfd fds[3] = {{proc->stdout_fd(), POLLIN, 0},
+                     {proc->stderr_fd(), POLLIN, 0},
+                     {proc->pidfd(), POLLIN, 0}};
+    if (poll(fds, 3, static_cast<int>(std::min<long>(left.count(), 1000))) < 0 && errno != EINTR) {
       break;
     }
     for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      ssize_t got = read(fds[i].fd, buf, sizeof buf);
-      if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-      if (got <= 0) {
-        i == 0 ? proc->CloseStdout() : proc->CloseStderr();
-        continue;
-      }
-      std::string& dst = i == 0 ? r.out : r.err;
-      dst.append(buf, static_cast<size_t>(got));
-      if (i == 1 && r.err.size() > 8192) r.err.erase(0, r.err.size() - 8192);
+      if (fds[i].fd >= 0 && (fds[i].revents & (POLLIN | POLLHUP | POLLERR))) read_some(i);
     }
-    if (r.out.size() > max_output) {
-      r.truncated = true;
-      r.out.resize(max_output);
-      break;
+    if (proc->TryReap(&code)) {
+      exited = true;
+      for (int i = 0; i < 2; ++i) {
+        while (read_some(i)) {
+        }
+      }
     }
   }
-  // The whole group goes when the script overran; either way the exit is awaited (bounded:
-  // after SIGKILL it comes at once).
-  if (r.timed_out || r.truncated) proc->SignalGroup(SIGKILL);
-  int code = 0;
-  pollfd exit_fd{proc->pidfd(), POLLIN, 0};
-  while (!proc->TryReap(&code)) {
-    auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
-    if (left.count() <= 0 && !r.timed_out) {
-      r.timed_out = true;
-      proc->SignalGroup(SIGKILL);
-    }
-    poll(&exit_fd, 1, static_cast<int>(std::max<long>(left.count(), 100)));
+  // An overrun script goes with its whole group; the exit is awaited (bounded: after SIGKILL
+  // it comes at once).
+  if (!exited) {
+    proc->SignalGroup(SIGKILL);
+    pollfd exit_fd{proc->pidfd(), POLLIN, 0};
+    while (!proc->TryReap(&code)) poll(&exit_fd, 1, 100);
   }
   proc->SignalGroup(SIGKILL);  // anything it left behind in its group
   r.exit_code = code;

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -57,8 +58,29 @@ bool IsLocalHost(const std::string& host) {
   return host == name;
 }
 
+// mkdir -p
+Status MakeDirs(const std::string& path) {
+  for (size_t pos = 1; pos != std::string::npos;) {
+    pos = path.find('/', pos + 1);
+    std::string prefix = path.substr(0, pos);
+    struct stat st;
+    if (stat(prefix.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode)) return InvalidArgument(prefix + " exists and is not a folder");
+      continue;
+    }
+    if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      return InvalidArgument("cannot create " + prefix + ": " + strerror(errno));
+    }
+  }
+  return Status::Ok();
+}
+
 Status Driver::Start() {
   RETURN_IF_ERROR(log_.Open(opts_.event_log));
+  if (!opts_.output_dir.empty()) {
+    Status made = MakeDirs(opts_.output_dir);
+    if (!made.ok()) return made.WithContext("--output-dir " + opts_.output_dir);
+  }
   token_ = RandomToken();
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   sigset_t set;
@@ -100,12 +122,7 @@ Status Driver::Start() {
   }
   driver_addr_ = host + ":" + std::to_string(server_->port());
   spdlog::info("rendezvous server on port {}; workers dial {}", server_->port(), driver_addr_);
-  hosts_.Update(initial);
-  last_listed_ = initial;
-  for (const auto& h : initial) last_listed_order_.push_back(h.host);
-  std::vector<std::string> names;
-  for (const auto& h : initial) names.push_back(h.host + ":" + std::to_string(h.slots));
-  log_.Write("discovery", {{"hosts", names}, {"ok", true}});
+  policy_.Start(initial);
   if (!opts_.discovery_script.empty()) discovery_ = std::thread([this] { DiscoveryLoop(); });
   return Status::Ok();
 }
@@ -168,49 +185,88 @@ void Driver::Launch(Worker& w) {
   }
   auto proc = Process::Start(spec);
   if (!proc.ok()) {
-    spdlog::error("cannot start the worker for slot {}: {}", w.slot, proc.status().message());
-    log_.Write("worker_start_failed", {{"slot", w.slot}, {"error", proc.status().message()}});
-    w.dropped = true;
-    ++failures_;
-    if (!opts_.elastic)
-      Terminate(proc.status().code() == Code::kNotFound ? 127 : 1, proc.status().message());
+    policy_.OnLaunchFailed(w.slot, proc.status());
     return;
   }
   w.proc = std::move(proc).value();
-  w.dropped = w.removed = w.finished = w.leaving = false;
   spdlog::debug("started slot {} as pid {}", w.slot, w.proc->pid());
-  log_.Write("worker_started", {{"slot", w.slot}, {"pid", int64_t{w.proc->pid()}}});
+  policy_.OnLaunched(w.slot, w.proc->pid());
 }
 
-void Driver::Terminate(int code, const std::string& message) {
-  if (shutting_down_) return;
-  shutting_down_ = true;
-  exit_code_ = code;
-  final_message_ = message;
-  log_.Write("job_ending", {{"code", int64_t{code}}, {"message", message}});
-  bool any = false;
-  for (auto& [slot, w] : workers_) {
-    if (w.proc && !w.proc->reaped()) {
-      w.dropped = true;
-      w.proc->SignalGroup(SIGTERM);
-      any = true;
+void Driver::Perform() {
+  for (std::vector<Action> actions; !(actions = policy_.TakeActions()).empty();) {
+    for (Action& a : actions) {
+      switch (a.kind) {
+        case Action::kProposeRound: {
+          Status s = core_->ProposeRound(a.round, std::move(a.assignments), a.removed);
+          if (!s.ok()) {
+            policy_.Terminate(1, "internal error proposing round " + std::to_string(a.round) +
+                                     ": " + s.ToString());
+          }
+          break;
+        }
+        case Action::kWithdrawRound:
+          core_->WithdrawRound(a.round);
+          break;
+        case Action::kPublish:
+          core_->events().Publish(a.slot, a.event);
+          break;
+        case Action::kLaunch: {
+          Worker& w = workers_[a.slot];
+          if (w.slot.empty()) {
+            w.slot = a.slot;
+            w.host = rendezvous::Slot::Parse(a.slot).host;
+            w.local = IsLocalHost(w.host);
+          }
+          Launch(w);
+          break;
+        }
+        case Action::kSignal: {
+          auto it = workers_.find(a.slot);
+          if (it == workers_.end() || !it->second.proc || it->second.proc->reaped()) break;
+          it->second.proc->SignalGroup(a.signal);
+          if (a.signal == SIGKILL && policy_.shutting_down()) {
+            // A worker that ignores its closed pipes still goes: stop waiting for its output.
+            it->second.proc->CloseStdout();
+            it->second.proc->CloseStderr();
+          }
+          break;
+        }
+        case Action::kWriteEvent:
+          log_.Write(a.name, a.fields);
+          break;
+        case Action::kLog:
+          switch (a.level) {
+            case Action::kDebug:
+              spdlog::debug("{}", a.message);
+              break;
+            case Action::kInfo:
+              spdlog::info("{}", a.message);
+              break;
+            case Action::kWarn:
+              spdlog::warn("{}", a.message);
+              break;
+            case Action::kError:
+              spdlog::error("{}", a.message);
+              break;
+          }
+          break;
+      }
     }
   }
-  if (any) {
-    spdlog::info("stopping workers (SIGTERM; SIGKILL after {:.1f} s)", Secs(opts_.grace));
-    kill_at_ = SteadyClock::now() + opts_.grace;
-  }
 }
+
 
 void Driver::Loop() {
   std::vector<char> buf(65536);
   while (true) {
+    Perform();
     // Done when shutting down and every process is reaped.
     bool any_running = false;
     for (auto& [slot, w] : workers_) {
       if (w.proc && !w.proc->reaped()) any_running = true;
     }
-    if (shutting_down_ && !any_running) return;
+    if (policy_.shutting_down() && !any_running) return;
 
     std::vector<pollfd> fds = {{signal_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     struct Ref {
@@ -232,29 +288,20 @@ void Driver::Loop() {
       refs.push_back({&w, 3});
     }
     TimePoint now = SteadyClock::now();
-    TimePoint next = std::min({kill_at_, wait_until_, now + std::chrono::seconds(1)});
-    for (auto& [slot, w] : workers_) {
-      if (w.proc && !w.proc->reaped()) next = std::min(next, w.lost_at);
-    }
-    const TimePoint cooldown_end = hosts_.NextCooldownEnd();
-    if (!shutting_down_) next = std::min(next, cooldown_end);
+    TimePoint next = std::min(policy_.NextDeadline(), now + std::chrono::seconds(1));
     int timeout_ms = static_cast<int>(std::max<int64_t>(
         0, std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1));
     int n = poll(fds.data(), fds.size(), timeout_ms);
     if (n < 0 && errno != EINTR) {
-      Terminate(1, std::string("poll failed: ") + strerror(errno));
-      return;
+      policy_.Terminate(1, std::string("poll failed: ") + strerror(errno));
+      continue;
     }
     if (fds[0].revents & POLLIN) {
       signalfd_siginfo si;
       if (read(signal_fd_, &si, sizeof si) == sizeof si) {
         int sig = static_cast<int>(si.ssi_signo);
-        if (shutting_down_) {
-          kill_at_ = SteadyClock::now();  // a second signal: no more grace
-        } else {
-          spdlog::warn("received {}; stopping the job", strsignal(sig));
-          Terminate(128 + sig, std::string("stopped by ") + strsignal(sig));
-        }
+        policy_.OnSignal(sig, strsignal(sig));
+        Perform();
       }
     }
     if (fds[1].revents & POLLIN) {
@@ -266,13 +313,18 @@ void Driver::Loop() {
         std::lock_guard<std::mutex> g(post_mu_);
         batch.swap(posted_);
       }
-      for (auto& p : batch) HandlePosted(p);
+      for (auto& p : batch) {
+        HandlePosted(p);
+        Perform();
+      }
     }
     std::vector<std::pair<Worker*, int>> exits;
     for (size_t i = 2; i < fds.size(); ++i) {
       if (!fds[i].revents) continue;
       Worker& w = *refs[i].w;
       if (!w.proc) continue;
+      // Each line carries the rank of the round the worker is in.
+      std::string label = policy_.Label(w.slot);
       if (refs[i].what == 3) {
         int code = 0;
         if (!w.proc->TryReap(&code)) continue;
@@ -282,9 +334,9 @@ void Driver::Loop() {
           if (fd < 0) continue;
           ssize_t got;
           while ((got = read(fd, buf.data(), buf.size())) > 0) {
-            out_.Feed(w.slot, stream, buf.data(), static_cast<size_t>(got), LabelOf(w.slot));
+            out_.Feed(w.slot, stream, buf.data(), static_cast<size_t>(got), label);
           }
-          out_.Finish(w.slot, stream, LabelOf(w.slot));
+          out_.Finish(w.slot, stream, label);
         }
         w.proc->CloseStdout();
         w.proc->CloseStderr();
@@ -295,9 +347,9 @@ void Driver::Loop() {
       if (fd < 0) continue;
       ssize_t got = read(fd, buf.data(), buf.size());
       if (got > 0) {
-        out_.Feed(w.slot, refs[i].what, buf.data(), static_cast<size_t>(got), LabelOf(w.slot));
+        out_.Feed(w.slot, refs[i].what, buf.data(), static_cast<size_t>(got), label);
       } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
-        out_.Finish(w.slot, refs[i].what, LabelOf(w.slot));
+        out_.Finish(w.slot, refs[i].what, label);
         if (refs[i].what == 1) {
           w.proc->CloseStdout();
         } else {
@@ -310,38 +362,40 @@ void Driver::Loop() {
     std::stable_sort(exits.begin(), exits.end(), [](const auto& a, const auto& b) {
       return (a.second != 0) > (b.second != 0);
     });
-    for (auto& [w, code] : exits) HandleExit(*w, code);
-    now = SteadyClock::now();
-    if (shutting_down_ && now >= kill_at_) {
-      for (auto& [slot, w] : workers_) {
-        if (w.proc && !w.proc->reaped()) {
-          w.proc->SignalGroup(SIGKILL);
-          // A worker that ignores its closed pipes still goes: stop waiting for its output.
-          w.proc->CloseStdout();
-          w.proc->CloseStderr();
-        }
-      }
-      kill_at_ = TimePoint::max();
+    for (auto& [w, code] : exits) {
+      policy_.OnExit(w->slot, code, w->proc->DescribeExit());
+      Perform();
     }
-    if (!shutting_down_ && now >= wait_until_) {
-      wait_until_ = TimePoint::max();
-      bool none = hosts_.Available().empty();
-      std::string what = std::string("timed out waiting for ") +
-                         (started_ ? "--min-np " + std::to_string(opts_.min_np)
-                                   : "-np " + std::to_string(opts_.np)) +
-                         " workers";
-      Terminate(1,
-                none ? "no hosts left (every listed host is gone or blacklisted); " + what : what);
-    }
-    if (!shutting_down_ && now >= cooldown_end) Replan("a blacklist cooldown ended");
-    for (auto& [slot, w] : workers_) {
-      if (w.proc && !w.proc->reaped() && now >= w.lost_at && !shutting_down_) {
-        spdlog::warn("lost contact with slot {}; killing its launcher", slot);
-        log_.Write("worker_lost", {{"slot", slot}, {"reason", "watch stream broke"}});
-        w.lost_at = TimePoint::max();
-        w.proc->SignalGroup(SIGKILL);
-      }
-    }
+    policy_.OnTimer();
+  }
+}
+
+void Driver::HandlePosted(Posted& p) {
+  switch (p.kind) {
+    case Posted::kRoundFormed:
+      policy_.OnRoundFormed(p.formed);
+      break;
+    case Posted::kStateLost:
+      policy_.OnStateLost(p.formed);
+      break;
+    case Posted::kJoinTimeout:
+      policy_.OnJoinTimeout(p.round, p.slots);
+      break;
+    case Posted::kMemberLeft:
+      policy_.OnMemberLeft(p.round, p.slots[0]);
+      break;
+    case Posted::kReport:
+      policy_.OnReport(p.report);
+      break;
+    case Posted::kWatchOpened:
+      policy_.OnWatch(p.slots[0], true);
+      break;
+    case Posted::kWatchClosed:
+      policy_.OnWatch(p.slots[0], false);
+      break;
+    case Posted::kDiscovery:
+      policy_.OnDiscovery(*p.hosts, p.warnings);
+      break;
   }
 }
 
@@ -352,7 +406,6 @@ int Driver::Run() {
     if (server_) server_->Shutdown(std::chrono::seconds(1));
     return s.code() == Code::kInvalidArgument ? 2 : 1;
   }
-  Replan("start");
   Loop();
   {
     std::lock_guard<std::mutex> g(disc_mu_);
@@ -361,13 +414,14 @@ int Driver::Run() {
   disc_cv_.notify_all();
   if (discovery_.joinable()) discovery_.join();
   server_->Shutdown(std::chrono::seconds(1));
-  if (exit_code_ == 0) {
-    spdlog::info("elastic-run: {}", final_message_);
+  if (policy_.exit_code() == 0) {
+    spdlog::info("elastic-run: {}", policy_.final_message());
   } else {
-    spdlog::error("elastic-run: {} (exit {})", final_message_, exit_code_);
+    spdlog::error("elastic-run: {} (exit {})", policy_.final_message(), policy_.exit_code());
   }
-  log_.Write("job_ended", {{"code", int64_t{exit_code_}}, {"message", final_message_}});
-  return exit_code_;
+  log_.Write("job_ended",
+             {{"code", int64_t{policy_.exit_code()}}, {"message", policy_.final_message()}});
+  return policy_.exit_code();
 }
 
 }  // namespace internal

@@ -19,6 +19,7 @@
 #include "driver/driver.h"
 #include "driver/event_log.h"
 #include "driver/output.h"
+#include "driver/policy.h"
 #include "rendezvous/rendezvous.h"
 
 namespace elastic::driver::internal {
@@ -49,24 +50,18 @@ struct Posted {
   rendezvous::FormedRound formed;
 };
 
+// The process behind a slot. What the job makes of it is the policy's business.
 struct Worker {
   std::string slot, host;
-  int index = 0;
   std::unique_ptr<Process> proc;
   bool local = true;
-  bool dropped = false;   // the driver gave up on it (failed, lost, removed): exit is expected
-  bool removed = false;   // scaled away
-  bool finished = false;  // reported FINISHED
-  bool leaving = false;   // reported LEAVING: no longer a member, whatever its exit
-  TimePoint lost_at = TimePoint::max();  // remote: Watch broke; lost unless it exits by then
 };
 
 class Driver : public rendezvous::Listener {
  public:
   explicit Driver(const DriverOptions& o)
       : opts_(o),
-        hosts_(discovery::HostTableOptions{RealClock(), o.host_failure_limit, o.cooldown_min,
-                                           o.cooldown_max, static_cast<uint64_t>(getpid())}),
+        policy_(PolicyOptions{o, RealClock(), static_cast<uint64_t>(getpid()), IsLocalHost}),
         out_(stdout, o.output_dir) {}
 
   int Run();
@@ -125,24 +120,14 @@ class Driver : public rendezvous::Listener {
   Status Start();
   void Loop();
   void HandlePosted(Posted& p);
-  void HandleDiscovery(Posted& p);
-  void HandleExit(Worker& w, int code);
-  void HandleReport(const rendezvous::Report& r);
-  void HandleFormed(const rendezvous::FormedRound& f);
-  void HandleLeaving(Worker& w, const std::string& why);
-  void HandleMemberLeft(int64_t round, const std::string& slot);
-  // ABORT to every member of the formed round but `gone`, if `gone` is one of them.
-  void AbortFormedRound(const std::string& gone, const std::string& why);
-  void Replan(const std::string& reason);
+  // Carries out the policy's actions until it has none left (an action's result may be an
+  // event that makes more).
+  void Perform();
   void Launch(Worker& w);
-  void Terminate(int code, const std::string& message);
-  void CheckFinished();
   void DiscoveryLoop();
-  std::string LabelOf(const std::string& slot) const;
-  int MemberRank(const std::string& slot) const;
 
   DriverOptions opts_;
-  discovery::HostTable hosts_;
+  Policy policy_;
   OutputMux out_;
   EventLog log_;
   std::string token_, driver_addr_;
@@ -159,28 +144,7 @@ class Driver : public rendezvous::Listener {
   bool disc_stop_ = false;  // guarded by disc_mu_
 
   std::map<std::string, Worker> workers_;  // by slot
-  // Of the newest proposed round, in rank order (as planned; once formed, as the core ranked
-  // them).
-  std::vector<std::string> members_;
-  int64_t round_ = -1;                       // newest proposed round
-  int64_t formed_ = -1;                      // newest formed round
-  std::vector<std::string> formed_members_;  // of the newest formed round, in rank order
-  int64_t aborted_ = -1;                     // newest formed round whose members got ABORT
-  int resets_ = 0, failures_ = 0;
-  bool finishing_ = false;
-  bool shutting_down_ = false;
-  int exit_code_ = 0;
-  std::string final_message_;
-  TimePoint kill_at_ = TimePoint::max();     // SIGKILL after the grace period
-  TimePoint wait_until_ = TimePoint::max();  // waiting for --min-np until
-  TimePoint recovery_start_{};               // when the current recovery was detected
-  bool recovering_ = false;
-  bool round_broken_ = false;  // a member of the newest round is gone
   bool warned_loopback_ = false;
-  bool first_commit_logged_ = true;
-  bool started_ = false;                        // round 0 formed
-  std::vector<HostSlots> last_listed_;          // the last good host set, as listed
-  std::vector<std::string> last_listed_order_;  // every host ever listed, first-seen order
 };
 
 }  // namespace elastic::driver::internal

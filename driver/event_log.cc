@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 namespace elastic::driver {
 
@@ -26,7 +27,15 @@ void EventLog::Write(const std::string& event, const JsonFields& fields) {
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   j["event"] = event;
   for (const auto& [k, v] : fields) {
-    std::visit([&j, &k](const auto& x) { j[k] = x; }, v);
+    std::visit(
+        [&j, &k](const auto& x) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(x)>, std::monostate>) {
+            j[k] = nullptr;
+          } else {
+            j[k] = x;
+          }
+        },
+        v);
   }
   std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   fwrite(line.data(), 1, line.size(), file_);

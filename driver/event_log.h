@@ -13,7 +13,8 @@
 
 namespace elastic::driver {
 
-using JsonValue = std::variant<int64_t, double, bool, std::string, std::vector<std::string>,
+// std::monostate is JSON null.
+using JsonValue = std::variant<std::monostate, int64_t, double, bool, std::string, std::vector<std::string>,
                                std::vector<int64_t>>;
 using JsonFields = std::vector<std::pair<std::string, JsonValue>>;
 

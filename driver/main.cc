@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -33,6 +35,24 @@ Exit status: 0 when every worker finished; a failed worker's status when the job
 elastic; 1 when the job failed (reset limit, --min-np timeout, no hosts); 2 for bad arguments;
 127 when the command cannot be found; 128+N when stopped by signal N.
 )";
+
+// CLI11's own range checks print the whole range of a double; these say what is wanted.
+CLI::Validator NumberCheck(bool zero_ok) {
+  return CLI::Validator(
+      [zero_ok](std::string& value) -> std::string {
+        char* end = nullptr;
+        double v = std::strtod(value.c_str(), &end);
+        if (value.empty() || *end != '\0') return "'" + value + "' is not a number";
+        if (v < 0 || (!zero_ok && v == 0)) {
+          return std::string("must be ") + (zero_ok ? "0 or more" : "above 0") + " (got " +
+                 value + ")";
+        }
+        return "";
+      },
+      zero_ok ? "NUMBER>=0" : "NUMBER>0");
+}
+const CLI::Validator kPositive = NumberCheck(false);
+const CLI::Validator kNonNegative = NumberCheck(true);
 
 }  // namespace
 
@@ -65,21 +85,27 @@ int main(int argc, char** argv) {
   app.add_option("--host-discovery-script", o.discovery_script,
                  "Script printing the current hosts, one host[:slots] per line (elastic)");
   app.add_option("--discovery-interval", discovery_interval, "Seconds between discovery runs")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   app.add_option("--discovery-timeout", discovery_timeout,
                  "Seconds before a discovery run is killed")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   app.add_option("--slots-per-host", o.slots_per_host, "Slots of a host listed without a count")
       ->check(CLI::Range(1, 4096));
   app.add_option("--elastic-timeout", elastic_timeout,
-                 "Seconds to wait for hosts when below --min-np before failing");
-  app.add_option("--start-timeout", start_timeout, "Seconds to wait for -np workers at start");
+                 "Seconds to wait for hosts when below --min-np before failing")
+      ->check(kPositive);
+  app.add_option("--start-timeout", start_timeout, "Seconds to wait for -np workers at start")
+      ->check(kPositive);
   app.add_option("--rendezvous-timeout", rendezvous_timeout,
-                 "Seconds a round waits for its members to join before dropping the missing");
-  app.add_option("--reset-limit", o.reset_limit, "Most membership changes (resets) allowed");
-  app.add_option("--max-failures", o.max_failures, "Most worker failures allowed");
+                 "Seconds a round waits for its members to join before dropping the missing")
+      ->check(kPositive);
+  app.add_option("--reset-limit", o.reset_limit, "Most membership changes (resets) allowed")
+      ->check(kNonNegative);
+  app.add_option("--max-failures", o.max_failures, "Most worker failures allowed")
+      ->check(kNonNegative);
   app.add_option("--host-failure-limit", o.host_failure_limit,
-                 "Failures after which a host is blacklisted (0: never)");
+                 "Failures after which a host is blacklisted (0: never)")
+      ->check(kNonNegative);
   app.add_option("--blacklist-cooldown-range", cooldown,
                  "MIN MAX seconds a blacklisted host is kept out (permanent if absent)")
       ->expected(2);
@@ -104,7 +130,8 @@ int main(int argc, char** argv) {
   app.add_option("--output-dir", o.output_dir,
                  "Mirror each slot's stdout/stderr under this folder");
   app.add_option("--event-log", o.event_log, "Append one JSON line per driver event to this file");
-  app.add_option("--grace-period", grace, "Seconds between SIGTERM and SIGKILL when stopping");
+  app.add_option("--grace-period", grace, "Seconds between SIGTERM and SIGKILL when stopping")
+      ->check(kNonNegative);
   app.add_option("--log-level", log_level,
                  "trace, debug, info, warn, error (or $ELASTIC_LOG_LEVEL)");
   app.add_flag("-v,--verbose", verbose, "Same as --log-level debug");
@@ -157,6 +184,15 @@ int main(int argc, char** argv) {
   if (app.count("--max-np") && max_np < 1) return fail("--max-np must be at least 1");
   int sources = !host_list.empty() + !hostfile.empty() + !o.discovery_script.empty();
   if (sources > 1) return fail("give only one of -H, --hostfile and --host-discovery-script");
+  if (app.count("--hosts") && host_list.empty()) return fail("-H: the host list is empty");
+  if (app.count("--host-discovery-script") && o.discovery_script.empty())
+    return fail("--host-discovery-script: no script given");
+  if (!o.discovery_script.empty() &&
+      o.discovery_script.find_first_of(" \t;|&$<>") == std::string::npos &&
+      access(o.discovery_script.c_str(), X_OK) != 0) {
+    return fail("--host-discovery-script " + o.discovery_script + ": " + strerror(errno) +
+                " (give the path of an executable script, or a shell command with arguments)");
+  }
   if (!host_list.empty()) {
     auto hosts = elastic::discovery::ParseHostList(host_list, o.slots_per_host);
     if (!hosts.ok()) return fail("-H: " + hosts.status().message());
@@ -180,6 +216,14 @@ int main(int argc, char** argv) {
   o.min_np = min_np > 0 ? min_np : o.np;
   o.max_np = max_np > 0 ? max_np : (o.elastic ? 0 : o.np);
   if (o.np < 1) return fail("nothing to run: give -np or --min-np with a discovery script");
+  if (o.min_np > o.np) {
+    return fail("--min-np (" + std::to_string(o.min_np) + ") is above -np (" +
+                std::to_string(o.np) + "): the job would start below its minimum");
+  }
+  if (o.max_np > 0 && o.np > o.max_np) {
+    return fail("-np (" + std::to_string(o.np) + ") is above --max-np (" +
+                std::to_string(o.max_np) + ")");
+  }
   if (o.max_np > 0 && o.min_np > o.max_np) {
     return fail("--min-np (" + std::to_string(o.min_np) + ") is above --max-np (" +
                 std::to_string(o.max_np) + ")");

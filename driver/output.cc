@@ -11,7 +11,9 @@ OutputMux::OutputMux(FILE* out, std::string output_dir)
     : out_(out), output_dir_(std::move(output_dir)) {}
 
 OutputMux::~OutputMux() {
-  for (auto& [k, f] : mirrors_) fclose(f);
+  for (auto& [k, f] : mirrors_) {
+    if (f) fclose(f);
+  }
 }
 
 FILE* OutputMux::MirrorFile(const std::string& slot, int stream) {

@@ -8,23 +8,23 @@ namespace elastic::driver {
 std::vector<std::string> PlanMembers(const PlanInput& in) {
   std::vector<std::string> survivors, fresh;
   for (const auto& slot : in.alive) {
-    auto [host, index] = SplitSlot(slot);
+    Slot s = Slot::Parse(slot);
     bool still_listed = std::any_of(in.listed.begin(), in.listed.end(), [&](const auto& h) {
-      return h.host == host && index < h.slots;
+      return h.host == s.host && s.index < h.slots;
     });
     if (still_listed) survivors.push_back(slot);
   }
   for (const auto& h : in.available) {
     for (int i = 0; i < h.slots; ++i) {
-      std::string slot = h.host + ":" + std::to_string(i);
+      std::string slot = Slot{h.host, i}.ToString();
       if (!in.alive.count(slot) && !in.busy.count(slot)) fresh.push_back(slot);
     }
   }
   auto key = [&](const std::string& slot) {
-    auto [host, index] = SplitSlot(slot);
+    Slot s = Slot::Parse(slot);
     size_t pos =
-        std::find(in.host_order.begin(), in.host_order.end(), host) - in.host_order.begin();
-    return std::make_pair(pos, index);
+        std::find(in.host_order.begin(), in.host_order.end(), s.host) - in.host_order.begin();
+    return std::make_pair(pos, s.index);
   };
   auto by_key = [&](const std::string& a, const std::string& b) { return key(a) < key(b); };
   std::sort(survivors.begin(), survivors.end(), by_key);

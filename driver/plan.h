@@ -29,6 +29,6 @@ struct PlanInput {
 std::vector<std::string> PlanMembers(const PlanInput& in);
 
 using rendezvous::AssignRanks;
-using rendezvous::SplitSlot;
+using rendezvous::Slot;
 
 }  // namespace elastic::driver

@@ -1,40 +1,104 @@
-// The driver's membership decisions: who runs in the next round, and what a worker's exit,
-// a report, a discovery result or a rendezvous event means for the job (DESIGN §3, §6).
+// The driver's membership decisions: who runs in the next round, and what a worker's exit, a
+// report, a discovery result or a rendezvous event means for the job (DESIGN §3, §6).
+#include "driver/policy.h"
+
 #include <signal.h>
-#include <spdlog/spdlog.h>
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/fmt/ranges.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <tuple>
 
-#include "driver/driver_internal.h"
 #include "driver/plan.h"
 
-namespace elastic::driver::internal {
+namespace elastic::driver {
 
 using rendezvous::Assignment;
-using rendezvous::Event;
 using rendezvous::EventKind;
 
-std::string Driver::LabelOf(const std::string& slot) const {
-  int r = MemberRank(slot);
-  return r >= 0 ? std::to_string(r) : slot;
+namespace {
+double Secs(Duration d) { return std::chrono::duration<double>(d).count(); }
+}  // namespace
+
+Policy::Policy(PolicyOptions options)
+    : opts_(std::move(options)),
+      d_(opts_.driver),
+      hosts_(discovery::HostTableOptions{opts_.clock, d_.host_failure_limit, d_.cooldown_min,
+                                         d_.cooldown_max, opts_.seed}) {}
+
+std::vector<Action> Policy::TakeActions() {
+  std::vector<Action> out;
+  out.swap(actions_);
+  return out;
 }
 
-int Driver::MemberRank(const std::string& slot) const {
-  auto it = std::find(members_.begin(), members_.end(), slot);
-  return it == members_.end() ? -1 : static_cast<int>(it - members_.begin());
+void Policy::Log(Action::Level level, std::string message) {
+  Action a;
+  a.kind = Action::kLog;
+  a.level = level;
+  a.message = std::move(message);
+  Emit(std::move(a));
 }
 
-void Driver::Replan(const std::string& reason) {
+void Policy::Event(std::string name, JsonFields fields) {
+  Action a;
+  a.kind = Action::kWriteEvent;
+  a.name = std::move(name);
+  a.fields = std::move(fields);
+  Emit(std::move(a));
+}
+
+std::string Policy::Label(const std::string& slot) const {
+  auto it = workers_.find(slot);
+  return it != workers_.end() && it->second.rank >= 0 ? std::to_string(it->second.rank) : slot;
+}
+
+bool Policy::IsMember(const std::string& slot) const {
+  return std::find(members_.begin(), members_.end(), slot) != members_.end();
+}
+
+TimePoint Policy::NextDeadline() const {
+  TimePoint next = std::min(kill_at_, wait_until_);
+  for (const auto& [slot, w] : workers_) {
+    if (w.running) next = std::min(next, w.lost_at);
+  }
+  if (!shutting_down_) next = std::min(next, hosts_.NextCooldownEnd());
+  return next;
+}
+
+void Policy::Start(const std::vector<discovery::HostSlots>& hosts) {
+  hosts_.Update(hosts);
+  last_listed_ = hosts;
+  for (const auto& h : hosts) last_listed_order_.push_back(h.host);
+  std::vector<std::string> names;
+  for (const auto& h : hosts) names.push_back(h.host + ":" + std::to_string(h.slots));
+  Event("discovery", {{"hosts", names}, {"ok", true}});
+  Replan("start");
+}
+
+bool Policy::CanEverReach(size_t need) const {
+  if (!d_.discovery_script.empty()) return true;  // a host may be listed later
+  // Static hosts: every slot of a host that is not blacklisted for good, whether its cooldown
+  // ends later or its old process is still going away.
+  PlanInput in;
+  in.listed = last_listed_;
+  in.available = hosts_.AvailableEventually();
+  in.host_order = last_listed_order_;
+  in.max_np = d_.max_np > 0 ? static_cast<size_t>(d_.max_np) : 0;
+  for (const auto& [slot, w] : workers_) {
+    if (w.running && !w.dropped && !w.removed && !w.leaving) in.alive.insert(slot);
+  }
+  return PlanMembers(in).size() >= need;
+}
+
+void Policy::Replan(const std::string& reason) {
   if (shutting_down_ || finishing_) return;
   PlanInput in;
   in.listed = last_listed_;
   in.available = hosts_.Available();
   in.host_order = last_listed_order_;
-  in.max_np = opts_.max_np > 0 ? static_cast<size_t>(opts_.max_np) : 0;
+  in.max_np = d_.max_np > 0 ? static_cast<size_t>(d_.max_np) : 0;
   for (const auto& [slot, w] : workers_) {
-    if (!w.proc || w.proc->reaped()) continue;
+    if (!w.running) continue;
     if (!w.dropped && !w.removed && !w.leaving) {
       in.alive.insert(slot);
     } else {
@@ -43,15 +107,34 @@ void Driver::Replan(const std::string& reason) {
   }
   auto alive = [&](const std::string& slot) { return in.alive.count(slot) > 0; };
   std::vector<std::string> plan = PlanMembers(in);
-  size_t need = static_cast<size_t>(started_ ? opts_.min_np : opts_.np);
+  size_t need = static_cast<size_t>(started_ ? d_.min_np : d_.np);
   if (plan.size() < need) {
+    std::string needed = started_ ? "--min-np " + std::to_string(d_.min_np)
+                                  : "-np " + std::to_string(d_.np);
+    if (!CanEverReach(need)) {
+      Terminate(1, "no hosts left: " + std::to_string(plan.size()) + " worker(s) can run, " +
+                       needed + " needed, and no host can come back (every listed host is " +
+                       "running, gone or blacklisted for good; " + reason + ")");
+      return;
+    }
+    // A proposed round that lost a member cannot form: it is withdrawn, so that no one waits
+    // for it (its members' Joins wait for the next round).
+    if (round_ > formed_ && round_broken_ && withdrawn_ < round_) {
+      withdrawn_ = round_;
+      Action a;
+      a.kind = Action::kWithdrawRound;
+      a.round = round_;
+      Emit(std::move(a));
+      Event("round_withdrawn", {{"round", round_}, {"reason", reason}});
+      Log(Action::kWarn, fmt::format("round {} withdrawn ({})", round_, reason));
+    }
     if (wait_until_ == TimePoint::max()) {
-      Duration limit = started_ ? opts_.elastic_timeout : opts_.start_timeout;
-      wait_until_ = SteadyClock::now() + limit;
-      spdlog::warn("{} slot(s) available, {} needed ({}); waiting up to {:.0f} s for hosts",
-                   plan.size(), need, reason, Secs(limit));
-      log_.Write("waiting_for_hosts",
-                 {{"available", int64_t(plan.size())}, {"needed", int64_t(need)}});
+      Duration limit = started_ ? d_.elastic_timeout : d_.start_timeout;
+      wait_until_ = Now() + limit;
+      Log(Action::kWarn,
+          fmt::format("{} slot(s) available, {} needed ({}); waiting up to {:.0f} s for hosts",
+                      plan.size(), need, reason, Secs(limit)));
+      Event("waiting_for_hosts", {{"available", int64_t(plan.size())}, {"needed", int64_t(need)}});
     }
     return;
   }
@@ -59,8 +142,8 @@ void Driver::Replan(const std::string& reason) {
   if (plan == members_ && round_ >= 0 && !round_broken_) return;  // nothing to change
   round_broken_ = false;
   if (round_ >= 0) {
-    if (opts_.reset_limit >= 0 && resets_ >= opts_.reset_limit) {
-      Terminate(1, "reset limit reached (" + std::to_string(opts_.reset_limit) +
+    if (d_.reset_limit >= 0 && resets_ >= d_.reset_limit) {
+      Terminate(1, "reset limit reached (" + std::to_string(d_.reset_limit) +
                        " resets; raise --reset-limit to allow more)");
       return;
     }
@@ -72,238 +155,391 @@ void Driver::Replan(const std::string& reason) {
   ++round_;
   // Planned ranks; rank 0 and whether a sync is needed are settled when the round forms, from
   // the versions the members say they hold.
-  std::map<std::string, Assignment> assign = AssignRanks(plan, false);
-  std::vector<std::string> removed;
+  Action propose;
+  propose.kind = Action::kProposeRound;
+  propose.round = round_;
+  propose.assignments = AssignRanks(plan, false);
   for (auto& [slot, w] : workers_) {
-    if (alive(slot) && std::find(plan.begin(), plan.end(), slot) == plan.end()) {
-      removed.push_back(slot);
+    if (alive(slot) && !IsMember(slot)) {
+      propose.removed.push_back(slot);
       w.removed = true;
     }
   }
-  spdlog::info("round {}: {} worker(s) [{}] ({})", round_, plan.size(), fmt::join(plan, " "),
-               reason);
-  log_.Write("round_proposed",
-             {{"round", round_}, {"members", plan}, {"removed", removed}, {"reason", reason}});
-  Status s = core_->ProposeRound(round_, assign, removed);
-  if (!s.ok()) {
-    Terminate(1, "internal error proposing round " + std::to_string(round_) + ": " + s.ToString());
-    return;
-  }
+  Log(Action::kInfo, fmt::format("round {}: {} worker(s) [{}] ({})", round_, plan.size(),
+                                 fmt::join(plan, " "), reason));
+  Event("round_proposed", {{"round", round_},
+                           {"members", plan},
+                           {"removed", propose.removed},
+                           {"reason", reason}});
+  Emit(std::move(propose));
   // Fence the old round: survivors stop at their next commit.
   for (const auto& slot : old) {
     if (alive(slot)) {
-      core_->events().Publish(slot, Event{EventKind::kMembershipChanging, old_round, reason});
+      Action a;
+      a.kind = Action::kPublish;
+      a.slot = slot;
+      a.event = rendezvous::Event{EventKind::kMembershipChanging, old_round, reason};
+      Emit(std::move(a));
     }
   }
-  if (old_round >= 0) log_.Write("fence", {{"round", old_round}, {"reason", reason}});
-  for (const auto& slot : plan) {
+  if (old_round >= 0) Event("fence", {{"round", old_round}, {"reason", reason}});
+  for (size_t rank = 0; rank < plan.size(); ++rank) {
+    const std::string& slot = plan[rank];
     Worker& w = workers_[slot];
     if (w.slot.empty()) {
       w.slot = slot;
-      std::tie(w.host, w.index) = SplitSlot(slot);
-      w.local = IsLocalHost(w.host);
+      w.host = rendezvous::Slot::Parse(slot).host;
+      w.local = opts_.is_local(w.host);
     }
-    if (!alive(slot)) Launch(w);
+    if (!alive(slot)) Launch(w, static_cast<int>(rank));
   }
 }
 
-void Driver::CheckFinished() {
+void Policy::Launch(Worker& w, int rank) {
+  w.running = true;
+  w.dropped = w.removed = w.finished = w.leaving = false;
+  w.lost_at = TimePoint::max();
+  w.round = round_;
+  w.rank = rank;
+  w.step = -1;
+  w.pid = 0;
+  Action a;
+  a.kind = Action::kLaunch;
+  a.slot = w.slot;
+  Emit(std::move(a));
+}
+
+void Policy::OnLaunched(const std::string& slot, int64_t pid) {
+  auto it = workers_.find(slot);
+  if (it == workers_.end()) return;
+  it->second.pid = pid;
+  Event("worker_started", {{"slot", slot}, {"pid", pid}});
+}
+
+void Policy::OnLaunchFailed(const std::string& slot, const Status& why) {
+  auto it = workers_.find(slot);
+  if (it == workers_.end()) return;
+  Worker& w = it->second;
+  w.running = false;
+  w.dropped = true;
+  ++failures_;
+  Log(Action::kError,
+      fmt::format("cannot start the worker for slot {}: {}", slot, why.message()));
+  Event("worker_start_failed", {{"slot", slot}, {"error", why.message()}});
+  if (!d_.elastic) Terminate(why.code() == Code::kNotFound ? 127 : 1, why.message());
+}
+
+void Policy::CheckFinished() {
   if (shutting_down_ || !finishing_) return;
   for (const auto& slot : members_) {
     auto it = workers_.find(slot);
-    if (it == workers_.end() || !it->second.proc || !it->second.proc->reaped()) return;
+    if (it != workers_.end() && it->second.running) return;
   }
-  Terminate(0, "success: all " + std::to_string(members_.size()) + " workers of round " +
-                   std::to_string(round_) + " finished");
+  std::string which = started_ && formed_ == round_ ? " of round " + std::to_string(round_) : "";
+  Terminate(0, "success: all " + std::to_string(members_.size()) + " workers" + which +
+                   " finished");
 }
 
-void Driver::HandleExit(Worker& w, int code) {
-  std::string rank = LabelOf(w.slot);
-  log_.Write("worker_exited", {{"slot", w.slot},
-                               {"code", int64_t{code}},
-                               {"rank", rank},
-                               {"status", w.proc->DescribeExit()}});
-  bool member = MemberRank(w.slot) >= 0;
+void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
+  auto it = workers_.find(slot);
+  if (it == workers_.end()) return;
+  Worker& w = it->second;
+  w.running = false;
+  w.lost_at = TimePoint::max();
+  std::string rank = Label(slot);
+  Event("worker_exited", {{"slot", slot},
+                          {"code", int64_t{code}},
+                          {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()},
+                          {"round", w.round},
+                          {"status", how}});
   if (shutting_down_) return;
   if (w.leaving) {
-    spdlog::info("worker {} (slot {}) left the job: {}", rank, w.slot, w.proc->DescribeExit());
+    Log(Action::kInfo, fmt::format("worker {} (slot {}) left the job: {}", rank, slot, how));
     return;
   }
-  if (w.removed || !member) {
-    spdlog::info("worker {} (slot {}) left after scale-down: {}", rank, w.slot,
-                 w.proc->DescribeExit());
+  if (w.removed || !IsMember(slot)) {
+    Log(Action::kInfo,
+        fmt::format("worker {} (slot {}) left after scale-down: {}", rank, slot, how));
     return;
   }
   if (code == 0) {
-    if (!finishing_) spdlog::info("worker {} finished; the job is finishing", rank);
+    if (!started_ && failures_ > 0) {
+      // Nothing was trained: the worker ended before any round formed, and others failed.
+      Terminate(1, fmt::format("worker {} (slot {}) exited 0 before round {} formed, after {} "
+                               "worker failure(s); no round ever formed",
+                               rank, slot, round_, failures_));
+      return;
+    }
+    if (!finishing_) {
+      Log(Action::kInfo, fmt::format("worker {} finished; the job is finishing", rank));
+      finisher_ = slot;
+    }
     finishing_ = true;
     CheckFinished();
     return;
   }
-  if (w.dropped) {  // the driver already gave up on it (join timeout, lost)
-    return;
-  }
+  if (w.dropped) return;  // the driver already gave up on it (join timeout, lost)
   ++failures_;
-  std::string what = "worker " + rank + " (slot " + w.slot + ", host " + w.host +
-                     ") failed: " + w.proc->DescribeExit();
-  if (!opts_.elastic || finishing_) {
+  std::string what =
+      "worker " + rank + " (slot " + slot + ", host " + w.host + ") failed: " + how;
+  if (!d_.elastic || finishing_) {
     Terminate(code, what);
     return;
   }
-  spdlog::warn("{}; recovering", what);
+  Log(Action::kWarn, what + "; recovering");
   w.dropped = true;
   round_broken_ = true;
-  recovery_start_ = SteadyClock::now();
+  recovery_start_ = Now();
   recovering_ = true;
-  log_.Write("worker_lost", {{"slot", w.slot}, {"rank", rank}, {"phase", "detect"}});
+  Event("worker_lost", {{"slot", slot}, {"rank", rank}, {"phase", "detect"}});
   // Fail the survivors' collectives at once (a silent peer would otherwise cost a timeout):
   // the abort names the formed round the worker was in, so that its peers there fail
   // whatever they do in it (a collective, connecting) and those still joining it fail as
   // soon as they are in it. A worker that was only in a proposed round has no peers yet:
   // the members of the formed round are fenced by the new proposal, and roll nothing back.
-  AbortFormedRound(w.slot, what);
-  log_.Write("recovery_phase",
-             {{"phase", "fence"}, {"seconds", Secs(SteadyClock::now() - recovery_start_)}});
-  if (hosts_.RecordFailure(w.host)) {
-    spdlog::warn("host {} is blacklisted{}", w.host,
-                 hosts_.LastCooldown() == Duration::max()
-                     ? ""
-                     : fmt::format(" for {:.1f} s", Secs(hosts_.LastCooldown())));
-    log_.Write("host_blacklisted", {{"host", w.host}});
-  }
-  if (opts_.max_failures >= 0 && failures_ > opts_.max_failures) {
+  AbortFormedRound(slot, what);
+  Event("recovery_phase", {{"phase", "fence"}, {"seconds", Secs(Now() - recovery_start_)}});
+  RecordHostFailure(w, what);
+  if (d_.max_failures >= 0 && failures_ > d_.max_failures) {
     Terminate(1, what + "; too many failures (--max-failures " +
-                     std::to_string(opts_.max_failures) + ")");
+                     std::to_string(d_.max_failures) + ")");
     return;
   }
   Replan("worker " + rank + " failed");
 }
 
-void Driver::HandleReport(const rendezvous::Report& r) {
+void Policy::RecordHostFailure(const Worker& w, const std::string& what) {
+  auto it = incident_round_.find(w.host);
+  if (it != incident_round_.end() && w.round <= it->second) return;  // the same incident
+  incident_round_[w.host] = w.round;
+  if (!hosts_.RecordFailure(w.host)) return;
+  bool forever = hosts_.LastCooldown() == Duration::max();
+  Log(Action::kWarn, fmt::format("host {} is blacklisted{} ({})", w.host,
+                                 forever ? "" : fmt::format(" for {:.1f} s",
+                                                            Secs(hosts_.LastCooldown())),
+                                 what));
+  Event("host_blacklisted",
+        {{"host", w.host},
+         {"cooldown", forever ? JsonValue() : JsonValue(Secs(hosts_.LastCooldown()))}});
+}
+
+void Policy::OnReport(const rendezvous::Report& r) {
   auto it = workers_.find(r.slot);
   if (it == workers_.end()) return;
+  Worker& w = it->second;
   switch (r.kind) {
     case rendezvous::ReportKind::kFinished:
-      it->second.finished = true;
+      w.finished = true;
       break;
     case rendezvous::ReportKind::kFailed:
-      spdlog::warn("slot {} reports a failure: {}", r.slot, r.message);
+      Log(Action::kWarn, fmt::format("slot {} reports a failure: {}", r.slot, r.message));
       break;
     case rendezvous::ReportKind::kLeaving:
-      HandleLeaving(it->second, r.message);
+      HandleLeaving(w, r.message);
       break;
     case rendezvous::ReportKind::kCommitted:
+      w.step = r.step;
       if (!first_commit_logged_ && r.round == formed_) {
         first_commit_logged_ = true;
         if (recovering_) {
           // The worker's own phases (durations) ride on its first commit report.
-          log_.Write("recovery_phase", {{"phase", "rebuild"}, {"duration", r.rebuild_seconds}});
-          log_.Write("recovery_phase", {{"phase", "sync"}, {"duration", r.sync_seconds}});
-          log_.Write("recovery_phase", {{"phase", "first_step"},
-                                        {"seconds", Secs(SteadyClock::now() - recovery_start_)}});
+          Event("recovery_phase", {{"phase", "rebuild"}, {"duration", r.rebuild_seconds}});
+          Event("recovery_phase", {{"phase", "sync"}, {"duration", r.sync_seconds}});
+          Event("recovery_phase",
+                {{"phase", "first_step"}, {"seconds", Secs(Now() - recovery_start_)}});
           recovering_ = false;
         }
       }
-      log_.Write("committed", {{"slot", r.slot},
-                               {"round", r.round},
-                               {"version", r.version},
-                               {"step", r.step},
-                               {"epoch", r.epoch},
-                               {"cursor", r.cursor}});
+      Event("committed", {{"slot", r.slot},
+                          {"round", r.round},
+                          {"version", r.version},
+                          {"step", r.step},
+                          {"epoch", r.epoch},
+                          {"cursor", r.cursor}});
+      if (finishing_ && !finisher_.empty()) {
+        const Worker& f = workers_.at(finisher_);
+        if (r.step > f.step && f.step >= 0) {
+          Terminate(1, fmt::format("worker {} (slot {}) finished training after step {}, but "
+                                   "slot {} went on to step {}: every rank must stop after the "
+                                   "same step (see docs/recovery.md, \"Stopping\")",
+                                   Label(finisher_), finisher_, f.step, r.slot, r.step));
+        }
+      }
       break;
   }
 }
 
-void Driver::HandleFormed(const rendezvous::FormedRound& f) {
+void Policy::OnRoundFormed(const rendezvous::FormedRound& f) {
   if (f.round != round_) return;
   formed_ = f.round;
   started_ = true;
   members_ = f.members;  // rank order as formed: rank 0 holds the newest version
   formed_members_ = f.members;
   first_commit_logged_ = false;
+  for (size_t i = 0; i < f.members.size(); ++i) {
+    Worker& w = workers_[f.members[i]];
+    w.round = f.round;
+    w.rank = static_cast<int>(i);
+  }
   std::vector<std::string> behind;
   for (size_t i = 0; i < f.members.size(); ++i) {
     if (f.versions[i] != f.version) behind.push_back(f.members[i]);
   }
   if (f.state_lost) {
-    spdlog::warn(
-        "state lost: no worker of round {} holds a commit (the newest was version {}); "
-        "starting over from the initial state (--start-over-if-state-lost)",
-        f.round, f.newest_committed);
-    log_.Write("state_lost", {{"round", f.round},
-                              {"newest_committed", f.newest_committed},
-                              {"members", f.members},
-                              {"start_over", true}});
+    Log(Action::kWarn,
+        fmt::format("state lost: no worker of round {} holds a commit (the newest was version "
+                    "{}); starting over from the initial state (--start-over-if-state-lost)",
+                    f.round, f.newest_committed));
+    Event("state_lost", {{"round", f.round},
+                         {"newest_committed", f.newest_committed},
+                         {"members", f.members},
+                         {"start_over", true}});
   } else if (f.version > 0 && f.version < f.newest_committed) {
-    spdlog::warn(
-        "round {}: the newest version any member holds is {} (version {} was committed "
-        "by workers that are gone); training goes on from version {}",
-        f.round, f.version, f.newest_committed, f.version);
+    Log(Action::kWarn,
+        fmt::format("round {}: the newest version any member holds is {} (version {} was "
+                    "committed by workers that are gone); training goes on from version {}",
+                    f.round, f.version, f.newest_committed, f.version));
   }
-  spdlog::info("round {} formed with {} worker(s); rank 0 is {} (version {}){}", f.round,
-               f.members.size(), f.members.empty() ? "-" : f.members[0], f.version,
-               f.sync_required ? fmt::format(", state synced from rank 0 to [{}]",
-                                             fmt::join(behind.empty() ? f.members : behind, " "))
-                               : "");
-  log_.Write("round_formed", {{"round", f.round},
-                              {"members", f.members},
-                              {"versions", f.versions},
-                              {"version", f.version},
-                              {"sync_required", f.sync_required}});
+  Log(Action::kInfo,
+      fmt::format("round {} formed with {} worker(s); rank 0 is {} (version {}){}", f.round,
+                  f.members.size(), f.members.empty() ? "-" : f.members[0], f.version,
+                  f.sync_required
+                      ? fmt::format(", state synced from rank 0 to [{}]",
+                                    fmt::join(behind.empty() ? f.members : behind, " "))
+                      : ""));
+  Event("round_formed", {{"round", f.round},
+                         {"members", f.members},
+                         {"versions", f.versions},
+                         {"version", f.version},
+                         {"sync_required", f.sync_required}});
   if (recovering_) {
-    log_.Write("recovery_phase",
-               {{"phase", "rendezvous"}, {"seconds", Secs(SteadyClock::now() - recovery_start_)}});
+    Event("recovery_phase", {{"phase", "rendezvous"}, {"seconds", Secs(Now() - recovery_start_)}});
   }
 }
 
-void Driver::AbortFormedRound(const std::string& gone, const std::string& why) {
+void Policy::OnStateLost(const rendezvous::FormedRound& f) {
+  if (f.round != round_ || shutting_down_) return;
+  Event("state_lost", {{"round", f.round},
+                       {"newest_committed", f.newest_committed},
+                       {"members", f.members},
+                       {"start_over", false}});
+  Terminate(1, "state lost: commits up to version " + std::to_string(f.newest_committed) +
+                   " were made, but no worker of round " + std::to_string(f.round) +
+                   " holds any (every holder is gone); pass --start-over-if-state-lost to "
+                   "train again from the start");
+}
+
+void Policy::OnJoinTimeout(int64_t round, const std::vector<std::string>& missing) {
+  if (round != round_ || shutting_down_) return;
+  Log(Action::kWarn,
+      fmt::format("round {}: slot(s) [{}] did not join within {:.0f} s; dropping them", round,
+                  fmt::join(missing, " "), Secs(d_.rendezvous_timeout)));
+  for (const auto& slot : missing) {
+    auto it = workers_.find(slot);
+    if (it == workers_.end()) continue;
+    Worker& w = it->second;
+    if (w.running) {
+      Action a;
+      a.kind = Action::kSignal;
+      a.slot = slot;
+      a.signal = SIGKILL;
+      Emit(std::move(a));
+    }
+    w.dropped = true;
+    ++failures_;
+    RecordHostFailure(w, "slot " + slot + " did not join round " + std::to_string(round));
+  }
+  round_broken_ = true;
+  members_.erase(std::remove_if(members_.begin(), members_.end(),
+                                [&](const std::string& s) {
+                                  return std::find(missing.begin(), missing.end(), s) !=
+                                         missing.end();
+                                }),
+                 members_.end());
+  Replan("slots did not join");
+}
+
+void Policy::AbortFormedRound(const std::string& gone, const std::string& why) {
   if (std::find(formed_members_.begin(), formed_members_.end(), gone) == formed_members_.end()) {
     return;
   }
   aborted_ = formed_;
   for (const auto& slot : formed_members_) {
-    if (slot != gone) core_->events().Publish(slot, Event{EventKind::kAbort, formed_, why});
+    if (slot == gone) continue;
+    Action a;
+    a.kind = Action::kPublish;
+    a.slot = slot;
+    a.event = rendezvous::Event{EventKind::kAbort, formed_, why};
+    Emit(std::move(a));
   }
 }
 
-void Driver::HandleMemberLeft(int64_t round, const std::string& slot) {
+void Policy::OnMemberLeft(int64_t round, const std::string& slot) {
+  if (shutting_down_) return;
+  if (finishing_ && round == formed_) {
+    // A member joins again while another has finished: it went on training without it.
+    auto it = workers_.find(finisher_);
+    int64_t step = it == workers_.end() ? -1 : it->second.step;
+    Terminate(1, fmt::format("worker {} (slot {}) finished training{}, but slot {} went on "
+                             "training and lost its peer: every rank must stop after the same "
+                             "step (see docs/recovery.md, \"Stopping\")",
+                             Label(finisher_), finisher_,
+                             step >= 0 ? " after step " + std::to_string(step) : "", slot));
+    return;
+  }
   // A member that joins again has left its round. Fenced members do that at a commit (no
   // collective is in flight then; the abort costs nothing); one whose mesh failed to connect
   // leaves peers that may wait for it to connect: they are told now, and when no new round is
   // pending, the same members re-form.
-  if (round != formed_ || aborted_ >= round || shutting_down_ || finishing_) return;
+  if (round != formed_ || aborted_ >= round || finishing_) return;
   std::string why = "slot " + slot + " left round " + std::to_string(round);
   AbortFormedRound(slot, why);
   if (round_ == formed_) {
-    spdlog::warn("{} on its own; re-forming", why);
-    log_.Write("member_left", {{"slot", slot}, {"round", round}});
+    Log(Action::kWarn, why + " on its own; re-forming");
+    Event("member_left", {{"slot", slot}, {"round", round}});
     round_broken_ = true;
     Replan(why);
   }
 }
 
-void Driver::HandleLeaving(Worker& w, const std::string& why) {
+void Policy::HandleLeaving(Worker& w, const std::string& why) {
   if (w.leaving || shutting_down_) return;
   w.leaving = true;
-  std::string rank = LabelOf(w.slot);
-  spdlog::info("worker {} (slot {}) is leaving{}{}; re-forming without it", rank, w.slot,
-               why.empty() ? "" : ": ", why);
-  log_.Write("worker_leaving", {{"slot", w.slot}, {"rank", rank}, {"reason", why}});
-  if (MemberRank(w.slot) >= 0) {
+  std::string rank = Label(w.slot);
+  Log(Action::kInfo, fmt::format("worker {} (slot {}) is leaving{}{}; re-forming without it", rank,
+                                 w.slot, why.empty() ? "" : ": ", why));
+  Event("worker_leaving", {{"slot", w.slot}, {"rank", rank}, {"reason", why}});
+  if (IsMember(w.slot)) {
     round_broken_ = true;
     Replan("worker " + rank + " is leaving");
   }
 }
 
-void Driver::HandleDiscovery(Posted& p) {
-  for (const auto& w : p.warnings) spdlog::warn("discovery: {}", w);
-  if (!p.hosts->ok()) {
-    spdlog::warn("discovery failed; keeping the last good host set: {}",
-                 p.hosts->status().message());
-    log_.Write("discovery", {{"ok", false}, {"error", p.hosts->status().message()}});
+void Policy::OnWatch(const std::string& slot, bool open) {
+  auto it = workers_.find(slot);
+  if (it == workers_.end()) return;
+  Worker& w = it->second;
+  if (open) {
+    w.lost_at = TimePoint::max();
     return;
   }
-  const auto& listed = p.hosts->value();
+  // A remote worker whose stream breaks while its launcher runs may be lost (host gone):
+  // unless the launcher exits (or the stream re-opens) within a moment, it is killed.
+  if (!w.local && !w.finished && w.running && !shutting_down_) {
+    w.lost_at = Now() + std::chrono::seconds(3);
+  }
+}
+
+void Policy::OnDiscovery(const StatusOr<std::vector<discovery::HostSlots>>& result,
+                         const std::vector<std::string>& warnings) {
+  for (const auto& w : warnings) Log(Action::kWarn, "discovery: " + w);
+  if (!result.ok()) {
+    Log(Action::kWarn, "discovery failed; keeping the last good host set: " +
+                           result.status().message());
+    Event("discovery", {{"ok", false}, {"error", result.status().message()}});
+    return;
+  }
+  const auto& listed = result.value();
   auto change = hosts_.Update(listed);
   last_listed_ = listed;
   for (const auto& h : listed) {
@@ -315,78 +551,90 @@ void Driver::HandleDiscovery(Posted& p) {
   if (change.empty()) return;
   std::vector<std::string> names;
   for (const auto& h : listed) names.push_back(h.host + ":" + std::to_string(h.slots));
-  log_.Write("discovery", {{"hosts", names}, {"ok", true}});
-  for (const auto& h : change.added) log_.Write("host_added", {{"host", h}});
-  for (const auto& h : change.removed) log_.Write("host_removed", {{"host", h}});
-  spdlog::info("hosts changed: +[{}] -[{}] ~[{}]", fmt::join(change.added, " "),
-               fmt::join(change.removed, " "), fmt::join(change.changed, " "));
+  Event("discovery", {{"hosts", names}, {"ok", true}});
+  for (const auto& h : change.added) Event("host_added", {{"host", h}});
+  for (const auto& h : change.removed) Event("host_removed", {{"host", h}});
+  Log(Action::kInfo, fmt::format("hosts changed: +[{}] -[{}] ~[{}]", fmt::join(change.added, " "),
+                                 fmt::join(change.removed, " "), fmt::join(change.changed, " ")));
   Replan("hosts changed");
 }
 
-void Driver::HandlePosted(Posted& p) {
-  switch (p.kind) {
-    case Posted::kRoundFormed:
-      HandleFormed(p.formed);
-      break;
-    case Posted::kStateLost: {
-      if (p.round != round_ || shutting_down_) break;
-      std::string what = "state lost: commits up to version " +
-                         std::to_string(p.formed.newest_committed) +
-                         " were made, but no worker of round " + std::to_string(p.round) +
-                         " holds any (every holder is gone)";
-      log_.Write("state_lost", {{"round", p.round},
-                                {"newest_committed", p.formed.newest_committed},
-                                {"members", p.formed.members},
-                                {"start_over", false}});
-      Terminate(1, what + "; pass --start-over-if-state-lost to train again from the start");
-      break;
-    }
-    case Posted::kJoinTimeout: {
-      if (p.round != round_ || shutting_down_) break;
-      spdlog::warn("round {}: slot(s) [{}] did not join within {:.0f} s; dropping them", p.round,
-                   fmt::join(p.slots, " "), Secs(opts_.rendezvous_timeout));
-      for (const auto& slot : p.slots) {
-        Worker& w = workers_[slot];
-        if (w.proc && !w.proc->reaped()) w.proc->SignalGroup(SIGKILL);
-        w.dropped = true;
-        ++failures_;
-        hosts_.RecordFailure(w.host);
-      }
-      round_broken_ = true;
-      members_.erase(std::remove_if(members_.begin(), members_.end(),
-                                    [&](const std::string& s) {
-                                      return std::find(p.slots.begin(), p.slots.end(), s) !=
-                                             p.slots.end();
-                                    }),
-                     members_.end());
-      Replan("slots did not join");
-      break;
-    }
-    case Posted::kMemberLeft:
-      HandleMemberLeft(p.round, p.slots[0]);
-      break;
-    case Posted::kReport:
-      HandleReport(p.report);
-      break;
-    case Posted::kWatchClosed: {
-      auto it = workers_.find(p.slots[0]);
-      // A remote worker whose stream breaks while its launcher runs may be lost (host gone):
-      // unless the launcher exits (or the stream re-opens) within a moment, it is killed.
-      if (it != workers_.end() && !it->second.local && !it->second.finished && it->second.proc &&
-          !it->second.proc->reaped() && !shutting_down_) {
-        it->second.lost_at = SteadyClock::now() + std::chrono::seconds(3);
-      }
-      break;
-    }
-    case Posted::kWatchOpened: {
-      auto it = workers_.find(p.slots[0]);
-      if (it != workers_.end()) it->second.lost_at = TimePoint::max();
-      break;
-    }
-    case Posted::kDiscovery:
-      HandleDiscovery(p);
-      break;
+void Policy::OnSignal(int signal, const std::string& name) {
+  if (shutting_down_) {
+    kill_at_ = Now();  // a second signal: no more grace
+    OnTimer();
+    return;
+  }
+  Log(Action::kWarn, "received " + name + "; stopping the job");
+  Terminate(128 + signal, "stopped by " + name);
+}
+
+void Policy::Terminate(int code, const std::string& message) {
+  if (shutting_down_) return;
+  shutting_down_ = true;
+  exit_code_ = code;
+  final_message_ = message;
+  wait_until_ = TimePoint::max();
+  Event("job_ending", {{"code", int64_t{code}}, {"message", message}});
+  bool any = false;
+  for (auto& [slot, w] : workers_) {
+    w.lost_at = TimePoint::max();
+    if (!w.running) continue;
+    w.dropped = true;
+    Action a;
+    a.kind = Action::kSignal;
+    a.slot = slot;
+    a.signal = SIGTERM;
+    Emit(std::move(a));
+    any = true;
+  }
+  if (any) {
+    Log(Action::kInfo,
+        fmt::format("stopping workers (SIGTERM; SIGKILL after {:.1f} s)", Secs(d_.grace)));
+    kill_at_ = Now() + d_.grace;
   }
 }
 
-}  // namespace elastic::driver::internal
+void Policy::OnTimer() {
+  TimePoint now = Now();
+  if (shutting_down_) {
+    if (now >= kill_at_) {
+      for (auto& [slot, w] : workers_) {
+        if (!w.running) continue;
+        Action a;
+        a.kind = Action::kSignal;
+        a.slot = slot;
+        a.signal = SIGKILL;
+        Emit(std::move(a));
+      }
+      kill_at_ = TimePoint::max();
+    }
+    return;
+  }
+  if (now >= wait_until_) {
+    wait_until_ = TimePoint::max();
+    std::string what = std::string("timed out waiting for ") +
+                       (started_ ? "--min-np " + std::to_string(d_.min_np)
+                                 : "-np " + std::to_string(d_.np)) +
+                       " workers";
+    Terminate(1, hosts_.Available().empty()
+                     ? "no hosts left (every listed host is gone or blacklisted); " + what
+                     : what);
+    return;
+  }
+  if (hosts_.TakeEndedCooldowns()) Replan("a blacklist cooldown ended");
+  for (auto& [slot, w] : workers_) {
+    if (w.running && now >= w.lost_at && !shutting_down_) {
+      Log(Action::kWarn, "lost contact with slot " + slot + "; killing its launcher");
+      Event("worker_lost", {{"slot", slot}, {"reason", "watch stream broke"}});
+      w.lost_at = TimePoint::max();
+      Action a;
+      a.kind = Action::kSignal;
+      a.slot = slot;
+      a.signal = SIGKILL;
+      Emit(std::move(a));
+    }
+  }
+}
+
+}  // namespace elastic::driver

@@ -13,7 +13,7 @@ bool ValidSlotName(const std::string& slot, size_t max_bytes) {
   return true;
 }
 
-std::pair<std::string, int> SplitSlot(const std::string& slot) {
+Slot Slot::Parse(const std::string& slot) {
   size_t colon = slot.rfind(':');
   if (colon == std::string::npos) return {slot, 0};
   return {slot.substr(0, colon), std::atoi(slot.c_str() + colon + 1)};
@@ -24,14 +24,14 @@ std::map<std::string, Assignment> AssignRanks(const std::vector<std::string>& me
   std::vector<std::string> hosts;
   std::map<std::string, int> local_count;
   for (const auto& s : members) {
-    std::string host = SplitSlot(s).first;
+    std::string host = Slot::Parse(s).host;
     if (!local_count.count(host)) hosts.push_back(host);
     ++local_count[host];
   }
   std::map<std::string, int> local_next;
   std::map<std::string, Assignment> out;
   for (size_t r = 0; r < members.size(); ++r) {
-    std::string host = SplitSlot(members[r]).first;
+    std::string host = Slot::Parse(members[r]).host;
     Assignment a;
     a.rank = static_cast<int>(r);
     a.size = static_cast<int>(members.size());
@@ -106,6 +106,7 @@ Status Core::ProposeRound(int64_t round, std::map<std::string, Assignment> membe
     for (auto& [slot, a] : members) {
       a.round = round;
       removed_.erase(slot);
+      known_slots_.insert(slot);
     }
     for (const auto& slot : removed) {
       if (members.count(slot) == 0) removed_.insert(slot);
@@ -128,6 +129,13 @@ Status Core::ProposeRound(int64_t round, std::map<std::string, Assignment> membe
   }
   for (auto& c : out) c();
   return Status::Ok();
+}
+
+void Core::WithdrawRound(int64_t round) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (proposed_.round != round) return;
+  proposed_ = Proposal();
+  Wake();
 }
 
 void Core::TryForm(std::vector<Completion>* out) {
@@ -259,6 +267,12 @@ WaiterId Core::JoinAsync(const std::string& slot, int64_t last_round, int64_t ve
       });
     } else if (version < 0) {
       out.push_back([done] { done(InvalidArgument("a state version cannot be negative")); });
+    } else if (!known_slots_.count(slot)) {
+      out.push_back([done, slot] {
+        done(FailedPrecondition("slot " + slot +
+                                " is not a slot of this job: no round ever included it (was "
+                                "ELASTIC_SLOT set by hand?)"));
+      });
     } else if (formed_round_ > last_round && formed_members_.count(slot) && proposed_.round < 0) {
       // The current round already includes the slot (a retried Join). With a newer round
       // pending the slot waits for that one instead: it may be a relaunched process.

@@ -88,6 +88,10 @@ class Core {
   // proposal includes them again.
   Status ProposeRound(int64_t round, std::map<std::string, Assignment> members,
                       const std::vector<std::string>& removed);
+  // Withdraws the pending proposal of `round` (a no-op when another is pending or it formed):
+  // it will not form and its rendezvous timeout does not fire; its members' Joins go on
+  // waiting for a later round.
+  void WithdrawRound(int64_t round);
   int64_t formed_round() const;
   EventHub& events() { return events_; }
 
@@ -171,6 +175,7 @@ class Core {
   int64_t newest_committed_ = 0;                            // guarded by mu_
   std::map<std::string, Assignment> formed_members_;        // guarded by mu_
   std::set<std::string> removed_;                           // guarded by mu_
+  std::set<std::string> known_slots_;  // guarded by mu_: every slot ever proposed
   // The formed round's store, and who waits on which key.
   std::unordered_map<std::string, std::shared_ptr<const std::string>> store_;  // guarded by mu_
   size_t store_bytes_ = 0;                                                     // guarded by mu_

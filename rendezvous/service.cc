@@ -321,6 +321,7 @@ void Server::Shutdown(Duration grace) {
   if (shut_down_) return;
   shut_down_ = true;
   core_->Shutdown();
+  if (!server_) return;  // it never started
   server_->Shutdown(std::chrono::system_clock::now() +
                     std::chrono::duration_cast<std::chrono::system_clock::duration>(grace));
   server_->Wait();

@@ -79,8 +79,15 @@ struct Report {
 std::map<std::string, Assignment> AssignRanks(const std::vector<std::string>& members,
                                               bool sync_required);
 
-// "host:3" -> ("host", 3).
-std::pair<std::string, int> SplitSlot(const std::string& slot);
+// A worker's place: the index-th slot of a host. On the wire and in logs it is "host:index".
+struct Slot {
+  std::string host;
+  int index = 0;
+  // "host:3" -> {"host", 3}; a name without ":index" is slot 0 of that host.
+  static Slot Parse(const std::string& slot);
+  std::string ToString() const { return host + ":" + std::to_string(index); }
+  bool operator==(const Slot& o) const { return host == o.host && index == o.index; }
+};
 
 // Validates a slot name: non-empty, at most `max_bytes`, printable ASCII without spaces.
 bool ValidSlotName(const std::string& slot, size_t max_bytes);

@@ -93,7 +93,7 @@ TEST_CASE("plan property: random inputs", "[unit]") {
   if (in.max_np > 0) CHECK(plan.size() <= in.max_np);
   size_t listed_survivors = 0;
   for (const auto& slot : plan) {
-    auto [host, index] = SplitSlot(slot);
+    auto [host, index] = Slot::Parse(slot);
     bool listed = false;
     for (const auto& h : in.listed) listed |= h.host == host && index < h.slots;
     CHECK(listed);
@@ -105,7 +105,7 @@ TEST_CASE("plan property: random inputs", "[unit]") {
     }
   }
   for (const auto& slot : in.alive) {
-    auto [host, index] = SplitSlot(slot);
+    auto [host, index] = Slot::Parse(slot);
     for (const auto& h : in.listed) listed_survivors += h.host == host && index < h.slots;
   }
   size_t cap = in.max_np ? in.max_np : SIZE_MAX;

@@ -71,13 +71,14 @@ bool WaitPending(Core& core, size_t n) {
 // Forms `round` with `slots` (every slot joining from a thread) and returns the assignments.
 std::vector<JoinResult> FormRound(Core& core, int64_t round, const std::vector<std::string>& slots,
                                   int64_t last_round) {
+  // The driver proposes before it launches: a slot no round included is refused.
+  REQUIRE(core.ProposeRound(round, Members(slots), {}).ok());
   std::vector<std::future<StatusOr<JoinResult>>> joins;
   for (const auto& s : slots) {
     joins.push_back(std::async(std::launch::async, [&core, s, last_round] {
       return core.Join(s, last_round, 0, Far(core));
     }));
   }
-  REQUIRE(core.ProposeRound(round, Members(slots), {}).ok());
   std::vector<JoinResult> out;
   for (auto& f : joins) {
     auto r = f.get();
@@ -166,10 +167,53 @@ TEST_CASE("Join ends at its deadline, and missing members are reported", "[unit]
   CHECK(r->assignment.size == 1);
 
   TimePoint late_deadline = clock.Now() + seconds(5);
-  auto late = std::async(std::launch::async, [&] { return core.Join("z:0", 1, 0, late_deadline); });
+  auto late = std::async(std::launch::async, [&] { return core.Join("b:0", 1, 0, late_deadline); });
   clock.Advance(seconds(6));
   auto lr = late.get();
   CHECK(lr.status().code() == Code::kDeadlineExceeded);
+}
+
+TEST_CASE("a slot that no round ever included is refused at once", "[unit]") {
+  Core core(CoreOptions{});
+  REQUIRE(core.ProposeRound(0, Members({"a:0"}), {}).ok());
+  auto r = core.Join("a:7", -1, 0, Far(core));
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == Code::kFailedPrecondition);
+  CHECK(r.status().message().find("a:7") != std::string::npos);
+  CHECK(core.pending_waiters() == 0);
+}
+
+TEST_CASE("a withdrawn round never forms and never times out; its Joins wait for the next",
+          "[unit]") {
+  FakeClock clock;
+  RecordingListener listener;
+  CoreOptions opts;
+  opts.clock = &clock;
+  opts.listener = &listener;
+  opts.rendezvous_timeout = seconds(10);
+  Core core(opts);
+  REQUIRE(core.ProposeRound(0, Members({"a:0", "b:0"}), {}).ok());
+  auto join = std::async(std::launch::async,
+                         [&] { return core.Join("a:0", -1, 0, clock.Now() + seconds(100)); });
+  REQUIRE(WaitPending(core, 1));
+  core.WithdrawRound(0);
+  clock.Advance(seconds(11));
+  auto b = std::async(std::launch::async,
+                      [&] { return core.Join("b:0", -1, 0, clock.Now() + seconds(100)); });
+  REQUIRE(WaitPending(core, 2));
+  CHECK(join.wait_for(std::chrono::milliseconds(100)) == std::future_status::timeout);
+  CHECK(core.formed_round() == -1);
+  {
+    std::lock_guard<std::mutex> g(listener.mu);
+    CHECK(listener.timeout_round == -1);
+  }
+  core.WithdrawRound(7);  // not the pending one: a no-op
+  REQUIRE(core.ProposeRound(1, Members({"a:0"}), {}).ok());
+  auto r = join.get();
+  REQUIRE(r.ok());
+  CHECK(r->assignment.round == 1);
+  core.Shutdown();
+  CHECK(b.get().status().code() == Code::kUnavailable);
 }
 
 TEST_CASE("store: set, multi-key wait, timeout, scope drop", "[unit]") {

@@ -1,0 +1,158 @@
+// The driver's decisions as a state machine (DESIGN §3, §6). Events go in (a worker exited, a
+// report, a round formed, a discovery result, a signal, the clock moved); actions come out
+// (propose or withdraw a round, fence or abort, launch or signal a slot, write an event, log a
+// line). The policy reads time only from its Clock and performs nothing itself: the Driver
+// (driver.cc) polls processes and sockets, feeds the events and carries out the actions, and
+// the unit tests feed events on a FakeClock and check the actions.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "discovery/discovery.h"
+#include "driver/driver.h"
+#include "driver/event_log.h"
+#include "rendezvous/types.h"
+
+namespace elastic::driver {
+
+struct Action {
+  enum Kind {
+    kProposeRound,   // round, assignments, removed
+    kWithdrawRound,  // round: the pending proposal goes; its Joins keep waiting
+    kPublish,        // slot, event (fence, abort)
+    kLaunch,         // slot: start its worker; the result comes back as OnLaunched/OnLaunchFailed
+    kSignal,         // slot, signal: to the worker's process group (SIGKILL: stop reading it)
+    kWriteEvent,     // name, fields: one event-log line
+    kLog,            // level, message: one driver log line
+  };
+  enum Level { kDebug, kInfo, kWarn, kError };
+
+  Kind kind = kLog;
+  int64_t round = -1;
+  std::map<std::string, rendezvous::Assignment> assignments;
+  std::vector<std::string> removed;
+  std::string slot;
+  rendezvous::Event event;
+  int signal = 0;
+  std::string name;
+  JsonFields fields;
+  Level level = kInfo;
+  std::string message;
+};
+
+struct PolicyOptions {
+  DriverOptions driver;
+  Clock* clock = RealClock();
+  uint64_t seed = 0;  // blacklist cooldown jitter
+  // Whether a host is this machine (its workers are started directly, not through ssh).
+  std::function<bool(const std::string&)> is_local = [](const std::string&) { return true; };
+};
+
+class Policy {
+ public:
+  explicit Policy(PolicyOptions options);
+
+  // --- events ---
+  // The first host set (static hosts or the first discovery run): proposes round 0.
+  void Start(const std::vector<discovery::HostSlots>& hosts);
+  void OnLaunched(const std::string& slot, int64_t pid);
+  void OnLaunchFailed(const std::string& slot, const Status& why);
+  // The slot's process exited with `code` (128+N for signal N); `how` describes it.
+  void OnExit(const std::string& slot, int code, const std::string& how);
+  void OnReport(const rendezvous::Report& report);
+  void OnRoundFormed(const rendezvous::FormedRound& formed);
+  void OnStateLost(const rendezvous::FormedRound& formed);
+  void OnJoinTimeout(int64_t round, const std::vector<std::string>& missing);
+  void OnMemberLeft(int64_t round, const std::string& slot);
+  void OnWatch(const std::string& slot, bool open);
+  void OnDiscovery(const StatusOr<std::vector<discovery::HostSlots>>& hosts,
+                   const std::vector<std::string>& warnings);
+  void OnSignal(int signal, const std::string& name);
+  // The clock moved: deadlines that are due fire.
+  void OnTimer();
+  // Ends the job (SIGTERM to every worker, SIGKILL after the grace period).
+  void Terminate(int code, const std::string& message);
+
+  // --- results ---
+  std::vector<Action> TakeActions();
+  TimePoint NextDeadline() const;
+  bool shutting_down() const { return shutting_down_; }
+  int exit_code() const { return exit_code_; }
+  const std::string& final_message() const { return final_message_; }
+  // The label of the slot's output lines: its rank in the round it is in (the formed round it
+  // is a member of, or the round it was launched for), or the slot itself.
+  std::string Label(const std::string& slot) const;
+  int64_t proposed_round() const { return round_; }
+  int64_t formed_round() const { return formed_; }
+  // Of the newest proposed round, in rank order.
+  const std::vector<std::string>& members() const { return members_; }
+
+ private:
+  struct Worker {
+    std::string slot, host;
+    bool local = true;
+    bool running = false;   // a process is started and has not exited
+    bool dropped = false;   // the driver gave up on it (failed, lost, removed): exit is expected
+    bool removed = false;   // scaled away
+    bool finished = false;  // reported FINISHED
+    bool leaving = false;   // reported LEAVING: no longer a member, whatever its exit
+    TimePoint lost_at = TimePoint::max();  // Watch broke; lost unless it exits by then
+    int64_t round = -1;     // the round it is in (formed member, or launched for)
+    int rank = -1;          // its rank there (planned until that round forms)
+    int64_t pid = 0;
+    int64_t step = -1;  // of its newest commit
+  };
+
+  void Replan(const std::string& reason);
+  void Launch(Worker& w, int rank);
+  void CheckFinished();
+  void HandleLeaving(Worker& w, const std::string& why);
+  void AbortFormedRound(const std::string& gone, const std::string& why);
+  // Counts a failure of `w`'s host, once per incident: every failure of the host's workers in
+  // one round is one incident.
+  void RecordHostFailure(const Worker& w, const std::string& what);
+  // Whether `need` workers could ever run again without a new host being listed.
+  bool CanEverReach(size_t need) const;
+  bool IsMember(const std::string& slot) const;
+  void Log(Action::Level level, std::string message);
+  void Event(std::string name, JsonFields fields);
+  void Emit(Action a) { actions_.push_back(std::move(a)); }
+  TimePoint Now() const { return opts_.clock->Now(); }
+
+  PolicyOptions opts_;
+  const DriverOptions& d_;
+  discovery::HostTable hosts_;
+  std::vector<Action> actions_;
+  std::map<std::string, Worker> workers_;  // by slot
+  std::vector<std::string> members_;       // newest proposed round, rank order
+  int64_t round_ = -1;                     // newest proposed round
+  int64_t formed_ = -1;                    // newest formed round
+  std::vector<std::string> formed_members_;
+  int64_t aborted_ = -1;    // newest formed round whose members got ABORT
+  int64_t withdrawn_ = -1;  // newest proposed round withdrawn
+  std::map<std::string, int64_t> incident_round_;  // host -> round of its last counted failure
+  int resets_ = 0, failures_ = 0;
+  bool finishing_ = false;
+  std::string finisher_;  // the first member that finished
+  bool shutting_down_ = false;
+  int exit_code_ = 0;
+  std::string final_message_;
+  TimePoint kill_at_ = TimePoint::max();
+  TimePoint wait_until_ = TimePoint::max();
+  TimePoint recovery_start_{};
+  bool recovering_ = false;
+  bool round_broken_ = false;
+  bool first_commit_logged_ = true;
+  bool started_ = false;  // some round formed
+  std::vector<discovery::HostSlots> last_listed_;
+  std::vector<std::string> last_listed_order_;
+};
+
+}  // namespace elastic::driver
