@@ -1,5 +1,6 @@
 // The training program of recovery_bench: allreduce steps on a 16 MiB model, a commit after
-// every step, until the file named by argv[1] exists. Rank 0 prints JSON lines with wall-clock
+// every step, until the file named by argv[1] exists (every rank stops after the same step: the
+// ranks agree on it with a max-allreduce). Rank 0 prints JSON lines with wall-clock
 // timestamps: {"event": "train_start"|"step", "round": R, "size": N, "ts": T}.
 #include <sys/stat.h>
 
@@ -36,7 +37,10 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     struct stat st;
-    while (stat(stop_file.c_str(), &st) != 0) {
+    while (true) {
+      float stop = stat(stop_file.c_str(), &st) == 0 ? 1.0f : 0.0f;
+      c.Allreduce(&stop, 1, DataType::kF32, ReduceOp::kMax);
+      if (stop > 0) break;
       std::fill(grad.begin(), grad.end(), 1.0f);
       c.Allreduce(grad.data(), grad.size(), DataType::kF32, ReduceOp::kAvg);
       for (size_t i = 0; i < model.size(); i += 1024) model[i] -= 0.01f * grad[i];

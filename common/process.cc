@@ -53,6 +53,14 @@ std::string ShellQuote(const std::string& s) {
 
 namespace {
 
+// The reaper's program, set before SIGTERM can make it act.
+volatile pid_t g_reaped_program = 0;
+
+// The reaper's SIGTERM: the program's whole group goes (what it leaves is killed after).
+void OnReaperTerm(int) {
+  if (g_reaped_program > 0) kill(-g_reaped_program, SIGKILL);
+}
+
 // The reaper side of LaunchSpec::reap_orphans, in the forked child: async-signal-safe calls
 // only. Kills every process reparented to it (it is a child subreaper) until none is left.
 void KillAdopted() {
@@ -129,14 +137,24 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
     int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) dup2(devnull, 0);
     if (spec.reap_orphans) {
+      // The reaper leads the group the driver signals; the program runs in a group of its
+      // own below it, so SIGKILL never takes the reaper before it has cleaned up. SIGTERM to
+      // the reaper kills the program's group.
       prctl(PR_SET_CHILD_SUBREAPER, 1);
+      struct sigaction sa;
+      memset(&sa, 0, sizeof sa);
+      sa.sa_handler = OnReaperTerm;
+      sigaction(SIGTERM, &sa, nullptr);
       pid_t reaper = getpid();
       pid_t inner = fork();
       if (inner < 0) _exit(127);
       if (inner > 0) {
+        setpgid(inner, inner);
+        g_reaped_program = inner;
         int status = 0;
         while (waitpid(inner, &status, 0) < 0 && errno == EINTR) {
         }
+        kill(-inner, SIGKILL);
         KillAdopted();
         if (WIFEXITED(status)) _exit(WEXITSTATUS(status));
         int sig = WIFSIGNALED(status) ? WTERMSIG(status) : SIGKILL;
@@ -144,6 +162,8 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
         kill(getpid(), sig);
         _exit(128 + sig);
       }
+      setpgid(0, 0);
+      signal(SIGTERM, SIG_DFL);
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != reaper) _exit(137);
     }

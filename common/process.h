@@ -19,8 +19,9 @@ struct LaunchSpec {
   bool die_with_parent = true;  // PR_SET_PDEATHSIG(SIGKILL): dies with the thread that started it
   // Runs the program under a small reaper process (a child subreaper) that, when the program
   // exits, kills whatever it left behind, even children that left its process group
-  // (setsid), and then exits with the program's status. For short-lived helpers such as the
-  // discovery script.
+  // (setsid), and then exits with the program's status. The reaper alone is in the group
+  // SignalGroup reaches: SIGTERM to it kills the program's group, then the rest as above.
+  // For short-lived helpers such as the discovery script.
   bool reap_orphans = false;
 };
 

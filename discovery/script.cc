@@ -69,14 +69,18 @@ StatusOr<ScriptResult> RunScript(const std::string& script, Duration timeout, si
       }
     }
   }
-  // An overrun script goes with its whole group; the exit is awaited (bounded: after SIGKILL
-  // it comes at once).
+  // An overrun script goes with everything it started: SIGTERM makes the reaper kill it and
+  // what it left; SIGKILL (to the reaper) if that takes more than a moment. The exit is
+  // awaited (bounded: after SIGKILL it comes at once).
   if (!exited) {
-    proc->SignalGroup(SIGKILL);
+    proc->SignalGroup(SIGTERM);
     pollfd exit_fd{proc->pidfd(), POLLIN, 0};
-    while (!proc->TryReap(&code)) poll(&exit_fd, 1, 100);
+    TimePoint kill_at = SteadyClock::now() + std::chrono::seconds(2);
+    while (!proc->TryReap(&code)) {
+      if (SteadyClock::now() >= kill_at) proc->SignalGroup(SIGKILL);
+      poll(&exit_fd, 1, 100);
+    }
   }
-  proc->SignalGroup(SIGKILL);  // anything it left behind in its group
   r.exit_code = code;
   return r;
 }

@@ -99,7 +99,13 @@ Status Driver::Start() {
   so.address = opts_.bind_address + ":" + std::to_string(opts_.port);
   so.token = token_;
   auto server = rendezvous::Server::Start(core_.get(), so);
-  if (!server.ok()) return server.status();
+  if (!server.ok()) {
+    if (opts_.port != 0) {  // the user's choice: a bad argument
+      return InvalidArgument("--port " + std::to_string(opts_.port) + ": " +
+                             server.status().message());
+    }
+    return server.status();
+  }
   server_ = std::move(server).value();
 
   // The first host set: static, or the first discovery run (whose failure is fatal).

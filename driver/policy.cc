@@ -330,6 +330,7 @@ void Policy::OnReport(const rendezvous::Report& r) {
   switch (r.kind) {
     case rendezvous::ReportKind::kFinished:
       w.finished = true;
+      if (r.step > 0) w.step = r.step;
       break;
     case rendezvous::ReportKind::kFailed:
       Log(Action::kWarn, fmt::format("slot {} reports a failure: {}", r.slot, r.message));

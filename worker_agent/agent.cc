@@ -247,9 +247,11 @@ void Agent::ReportLeaving(const std::string& why) {
   SendReport(std::move(r));
 }
 
-void Agent::ReportFinished() {
+void Agent::ReportFinished(int64_t version) {
   rendezvous::Report r;
   r.kind = rendezvous::ReportKind::kFinished;
+  r.step = version;
+  r.version = version;
   SendReport(std::move(r));
 }
 

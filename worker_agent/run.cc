@@ -41,7 +41,7 @@ void Run(State& state, const std::function<void(State&)>& train, AgentOptions op
         sync_time = SteadyClock::now() - t0;
       }
       train(state);
-      agent.ReportFinished();
+      agent.ReportFinished(state.version());
       return;
     } catch (const WorkerLostError& e) {
       spdlog::warn("rank {}: {}; rolling back to the last commit (version {})",

@@ -75,7 +75,8 @@ class Agent {
   void ReportLeaving(const std::string& why);
   // How long building the communicator of the current round took.
   Duration last_rebuild() const { return last_rebuild_; }
-  void ReportFinished();
+  // `version`: of the state the training function returned with (its last commit).
+  void ReportFinished(int64_t version);
   void ReportFailed(const std::string& message);
 
  private:

@@ -1,5 +1,9 @@
 #include "discovery/discovery.h"
 
+#include <unistd.h>
+
+#include <cstdio>
+
 #include <catch2/catch.hpp>
 #include <fstream>
 
@@ -45,6 +49,27 @@ TEST_CASE("host lists given with -H", "[unit]") {
   CHECK_FALSE(ParseHostList("a:2,,b", 1).ok());
 }
 
+std::string TempPath(const std::string& name) {
+  return "/tmp/elastic-discovery-test-" + std::to_string(getpid()) + "-" + name;
+}
+
+std::vector<pid_t> ReadPids(const std::string& path) {
+  std::vector<pid_t> out;
+  std::ifstream f(path);
+  for (pid_t p; f >> p;) out.push_back(p);
+  std::remove(path.c_str());
+  return out;
+}
+
+// Alive and not a zombie.
+bool Alive(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return false;
+  size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'Z';
+}
+
 TEST_CASE("the script runner: output, exit code, timeout, cap", "[unit]") {
   SECTION("output and stderr") {
     auto r = RunScript("echo host1:2; echo oops >&2; exit 0", seconds(5), 1 << 20);
@@ -59,10 +84,30 @@ TEST_CASE("the script runner: output, exit code, timeout, cap", "[unit]") {
     CHECK(d.status().message().find("exited with status 3") != std::string::npos);
     CHECK(d.status().message().find("broken") != std::string::npos);
   }
-  SECTION("a hanging script is killed with its whole group") {
-    auto r = RunScript("sleep 100 & sleep 100", std::chrono::milliseconds(300), 1 << 20);
+  SECTION("a hanging script is killed with everything it started") {
+    std::string pids = TempPath("hang");
+    auto r = RunScript("sleep 100 & echo $! > " + pids + "; setsid sleep 101 & echo $! >> " +
+                           pids + "; sleep 100",
+                       std::chrono::milliseconds(500), 1 << 20);
     REQUIRE(r.ok());
     CHECK(r->timed_out);
+    auto left = ReadPids(pids);
+    CHECK(left.size() == 2);
+    for (pid_t p : left) CHECK_FALSE(Alive(p));
+  }
+  SECTION("the run ends when the script exits, whatever holds its output") {
+    std::string pids = TempPath("bg");
+    auto start = std::chrono::steady_clock::now();
+    auto r = RunScript("echo h:2; (sleep 100; echo late) & echo $! > " + pids +
+                           "; setsid sleep 101 & echo $! >> " + pids + "; exit 0",
+                       seconds(30), 1 << 20);
+    REQUIRE(r.ok());
+    CHECK_FALSE(r->timed_out);
+    CHECK(r->out == "h:2\n");
+    CHECK(std::chrono::steady_clock::now() - start < seconds(20));
+    auto left = ReadPids(pids);
+    CHECK(left.size() == 2);
+    for (pid_t p : left) CHECK_FALSE(Alive(p));
   }
   SECTION("too much output") {
     auto d = Discover("head -c 3000000 /dev/zero", seconds(10), 1 << 20, 1, nullptr);

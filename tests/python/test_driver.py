@@ -2,6 +2,7 @@
 import os
 import re
 import signal
+import socket
 import time
 
 import pytest
@@ -88,12 +89,65 @@ def test_prefixed_output_never_interleaves(elastic_run, test_worker, tmp_path):
     (["-np", "2", "-H", "bad host!:2"], 2, "not a valid host name"),
     (["-np", "2", "-H", "h1:x"], 2, "is not a number"),
     (["--no-such-flag", "-np", "2"], 2, "no-such-flag"),
-    (["-np", "2", "--min-np", "3", "--max-np", "2"], 2, "above --max-np"),
+    (["-np", "3", "--min-np", "3", "--max-np", "2"], 2, "above --max-np"),
+    (["-np", "5", "--max-np", "4"], 2, "-np (5) is above --max-np (4)"),
+    (["-np", "2", "--min-np", "3"], 2, "--min-np (3) is above -np (2)"),
+    (["-np", "2", "--rendezvous-timeout", "0"], 2, "--rendezvous-timeout: must be above 0"),
+    (["-np", "2", "--elastic-timeout", "-1"], 2, "--elastic-timeout: must be above 0"),
+    (["-np", "2", "--reset-limit", "-1"], 2, "--reset-limit: must be 0 or more"),
+    (["-np", "2", "--max-failures", "-2"], 2, "--max-failures: must be 0 or more"),
+    (["-np", "2", "--grace-period", "-1"], 2, "--grace-period: must be 0 or more"),
+    (["-np", "2", "-H", ""], 2, "the host list is empty"),
+    (["--min-np", "1", "--host-discovery-script", "/no/such/discover.sh"], 2,
+     "/no/such/discover.sh: No such file or directory"),
+    (["-np", "1", "--output-dir", "/proc/no/such/dir"], 2, "--output-dir /proc/no/such/dir"),
 ])
 def test_bad_cli_input_is_a_clear_error(elastic_run, test_worker, args, code, message):
     rc, out = run([elastic_run] + args + [test_worker, "collectives"], timeout=30)
     assert rc == code, out
     assert message in out
+
+
+def test_a_port_in_use_is_a_clear_error(elastic_run, test_worker):
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        rc, out = run([elastic_run, "--port", str(port), "-np", "1", test_worker, "collectives"],
+                      timeout=30)
+    assert rc == 2, out
+    assert f"--port {port}" in out and "in use" in out
+
+
+def test_no_hosts_left_ends_the_job_at_once(elastic_run):
+    # Static hosts and a permanent blacklist: nothing can come back, so no waiting.
+    start = time.monotonic()
+    rc, out = run([elastic_run, "-np", "2", "--min-np", "2", "-H", "localhost:2", "false"],
+                  timeout=60)
+    assert rc == 1, out
+    assert "no hosts left" in out
+    assert time.monotonic() - start < 50, out  # the --elastic-timeout is 600 s
+
+
+def test_a_clean_exit_before_any_round_formed_after_failures_is_no_success(elastic_run):
+    rc, out = run([elastic_run, "-np", "3", "--min-np", "1", "-H", "localhost:1,127.0.0.1:2",
+                   "--blacklist-cooldown-range", "1", "8", "sh", "-c",
+                   'case $ELASTIC_SLOT in 127.0.0.1:*) exit 1;; *) sleep 4;; esac'], timeout=60)
+    assert rc == 1, out
+    assert "success" not in out
+    assert "exited 0 before round" in out
+    # One incident per host: the host's two failed slots blacklist it once per round.
+    cooldowns = re.findall(r"host 127\.0\.0\.1 is blacklisted for ([0-9.]+) s", out)
+    assert 1 <= len(cooldowns) <= 4, out
+    assert cooldowns[0] == min(cooldowns, key=float), out
+
+
+def test_a_worker_with_a_slot_of_no_round_is_refused(elastic_run, test_worker):
+    rc, out = run([elastic_run, "-np", "2", "sh", "-c",
+                   f'[ $ELASTIC_SLOT = localhost:1 ] && export ELASTIC_SLOT=nowhere:9; '
+                   f'exec {test_worker} collectives'], timeout=60)
+    assert rc == 1, out
+    assert "slot nowhere:9 is not a slot of this job" in out
 
 
 def test_a_command_that_does_not_exist(elastic_run):

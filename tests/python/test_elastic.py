@@ -164,8 +164,10 @@ def test_below_min_np_waits_then_goes_on(elastic_run, example, baseline, tmp_pat
 
 
 def test_below_min_np_times_out_with_a_message(elastic_run, example, tmp_path):
+    # The host could come back after its cooldown (100 s), so the job waits, up to 1 s.
     log = str(tmp_path / "events.jsonl")
     job = Job([elastic_run, "-np", "2", "--min-np", "2", "--elastic-timeout", "1",
+               "--blacklist-cooldown-range", "100", "200",
                "--event-log", log, example, "--epochs", "100", "--step-ms", "10"])
     try:
         job.wait_for(r"epoch 0 done")

@@ -128,3 +128,34 @@ def test_a_python_worker_that_leaves_is_re_formed_around(elastic_run, tmp_path):
     assert not [e for e in events(log) if e["event"] == "worker_lost"]
     problems = ledger.check(book, 512, 4, max_rollback=4)
     assert not problems, "\n".join(problems)
+
+
+UNEVEN_STOP = """
+import numpy as np
+import elastic
+
+state = elastic.ObjectState(step=0)
+
+
+@elastic.run
+def train(state):
+    # Wrong on purpose: rank 0 stops after step 3, the others would go on.
+    stop_at = 3 if elastic.rank() == 0 else 1000
+    while state.step < stop_at:
+        elastic.allreduce(np.ones(4))
+        state.step += 1
+        state.commit()
+
+
+train(state)
+"""
+
+
+def test_a_rank_that_stops_alone_ends_the_job_with_the_reason(elastic_run, tmp_path):
+    script = tmp_path / "uneven.py"
+    script.write_text(UNEVEN_STOP)
+    rc, out = run([elastic_run, "-np", "3", "--min-np", "1", PY, str(script)], timeout=120,
+                  env=py_env())
+    assert rc == 1, out
+    assert "every rank must stop after the same step" in out
+    assert "success" not in out

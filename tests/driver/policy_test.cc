@@ -1,0 +1,483 @@
+// The driver's policy on a fake clock: events in, actions out; no process, socket or sleep.
+#include "driver/policy.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+
+namespace elastic::driver {
+namespace {
+
+using discovery::HostSlots;
+using rendezvous::EventKind;
+using rendezvous::FormedRound;
+using std::chrono::seconds;
+
+DriverOptions Static(std::vector<HostSlots> hosts, int np, int min_np) {
+  DriverOptions d;
+  d.hosts = std::move(hosts);
+  d.np = np;
+  d.min_np = min_np;
+  d.elastic = min_np != np;
+  return d;
+}
+
+// A policy, its fake clock, and every action it took.
+struct Job {
+  explicit Job(DriverOptions d, std::function<bool(const std::string&)> is_local = nullptr) {
+    PolicyOptions o;
+    o.driver = std::move(d);
+    o.clock = &clock;
+    o.seed = 7;
+    if (is_local) o.is_local = std::move(is_local);
+    policy = std::make_unique<Policy>(o);
+  }
+  // Takes the new actions (keep them in a variable: the helpers below point into them); every launch is answered as a started process.
+  std::vector<Action> Take() {
+    std::vector<Action> out = policy->TakeActions();
+    for (const auto& a : out) {
+      if (a.kind == Action::kLaunch) policy->OnLaunched(a.slot, ++pid);
+    }
+    std::vector<Action> more = policy->TakeActions();  // worker_started events
+    out.insert(out.end(), more.begin(), more.end());
+    return out;
+  }
+  void Form(int64_t round, std::vector<std::string> members, std::vector<int64_t> versions = {}) {
+    FormedRound f;
+    f.round = round;
+    f.members = std::move(members);
+    f.versions = versions.empty() ? std::vector<int64_t>(f.members.size(), 0) : versions;
+    f.version = *std::max_element(f.versions.begin(), f.versions.end());
+    f.newest_committed = f.version;
+    policy->OnRoundFormed(f);
+  }
+  void Commit(const std::string& slot, int64_t round, int64_t step) {
+    rendezvous::Report r;
+    r.slot = slot;
+    r.kind = rendezvous::ReportKind::kCommitted;
+    r.round = round;
+    r.step = step;
+    r.version = step;
+    policy->OnReport(r);
+  }
+  void Advance(Duration d) {
+    clock.Advance(d);
+    policy->OnTimer();
+  }
+
+  FakeClock clock;
+  std::unique_ptr<Policy> policy;
+  int64_t pid = 100;
+};
+
+std::vector<const Action*> Of(const std::vector<Action>& actions, Action::Kind kind) {
+  std::vector<const Action*> out;
+  for (const auto& a : actions) {
+    if (a.kind == kind) out.push_back(&a);
+  }
+  return out;
+}
+
+std::vector<std::string> Slots(const std::vector<Action>& actions, Action::Kind kind,
+                               int signal = 0) {
+  std::vector<std::string> out;
+  for (const Action* a : Of(actions, kind)) {
+    if (signal == 0 || a->signal == signal) out.push_back(a->slot);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<const Action*> Events(const std::vector<Action>& actions, const std::string& name) {
+  std::vector<const Action*> out;
+  for (const Action* a : Of(actions, Action::kWriteEvent)) {
+    if (a->name == name) out.push_back(a);
+  }
+  return out;
+}
+
+const JsonValue* Field(const Action& a, const std::string& key) {
+  for (const auto& [k, v] : a.fields) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+// Members of a proposal in rank order.
+std::vector<std::string> Members(const Action& propose) {
+  std::vector<std::string> out(propose.assignments.size());
+  for (const auto& [slot, a] : propose.assignments) out[static_cast<size_t>(a.rank)] = slot;
+  return out;
+}
+
+TEST_CASE("policy: a job starts, forms and succeeds when every member exits 0", "[unit]") {
+  Job job(Static({{"localhost", 2}}, 2, 2));
+  job.policy->Start({{"localhost", 2}});
+  auto a = job.Take();
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(Members(*proposals[0]) == std::vector<std::string>{"localhost:0", "localhost:1"});
+  CHECK(Slots(a, Action::kLaunch) == std::vector<std::string>{"localhost:0", "localhost:1"});
+  CHECK(Events(a, "worker_started").size() == 2);
+  job.Form(0, {"localhost:0", "localhost:1"});
+  job.policy->OnExit("localhost:1", 0, "exit status 0");
+  CHECK_FALSE(job.policy->shutting_down());
+  job.policy->OnExit("localhost:0", 0, "exit status 0");
+  CHECK(job.policy->shutting_down());
+  CHECK(job.policy->exit_code() == 0);
+  CHECK(job.policy->final_message() == "success: all 2 workers of round 0 finished");
+}
+
+TEST_CASE("policy: a program that never joins succeeds when all exit 0", "[unit]") {
+  Job job(Static({{"localhost", 2}}, 2, 2));
+  job.policy->Start({{"localhost", 2}});
+  job.Take();
+  job.policy->OnExit("localhost:0", 0, "exit status 0");
+  job.policy->OnExit("localhost:1", 0, "exit status 0");
+  CHECK(job.policy->exit_code() == 0);
+  CHECK(job.policy->final_message() == "success: all 2 workers finished");
+}
+
+TEST_CASE("policy bug 1: no workers left and no host can come back ends the job at once",
+          "[unit]") {
+  DriverOptions d = Static({{"localhost", 2}}, 2, 2);
+  d.elastic = true;  // -np 2 --min-np 2
+  Job job(d);
+  job.policy->Start({{"localhost", 2}});
+  job.Take();
+  job.policy->OnExit("localhost:0", 1, "exit status 1");
+  auto a = job.Take();
+  REQUIRE(job.policy->shutting_down());
+  CHECK(job.policy->exit_code() == 1);
+  CHECK_THAT(job.policy->final_message(), Catch::Contains("no hosts left"));
+  CHECK(Slots(a, Action::kSignal, SIGTERM) == std::vector<std::string>{"localhost:1"});
+  CHECK(Events(a, "waiting_for_hosts").empty());
+}
+
+TEST_CASE("policy: a host in cooldown can come back, so the job waits for it", "[unit]") {
+  DriverOptions d = Static({{"localhost", 2}}, 2, 2);
+  d.elastic = true;
+  d.cooldown_min = seconds(1);
+  d.cooldown_max = seconds(8);
+  Job job(d);
+  job.policy->Start({{"localhost", 2}});
+  job.Take();
+  job.Form(0, {"localhost:0", "localhost:1"});
+  job.policy->OnExit("localhost:0", 1, "exit status 1");
+  auto a = job.Take();
+  CHECK_FALSE(job.policy->shutting_down());
+  CHECK(Events(a, "waiting_for_hosts").size() == 1);
+  // The survivor's peer is told at once.
+  auto publish = Of(a, Action::kPublish);
+  REQUIRE(publish.size() == 1);
+  CHECK(publish[0]->slot == "localhost:1");
+  CHECK(publish[0]->event.kind == EventKind::kAbort);
+  job.policy->OnExit("localhost:0", 1, "exit status 1");  // a duplicate exit changes nothing
+  job.Advance(seconds(2));                                 // the cooldown (1-1.5 s) ends
+  a = job.Take();
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(proposals[0]->round == 1);
+  CHECK(Slots(a, Action::kLaunch) == std::vector<std::string>{"localhost:0"});
+}
+
+TEST_CASE("policy bug 2: one incident on a host is one blacklisting", "[unit]") {
+  DriverOptions d = Static({{"h", 8}, {"g", 1}}, 9, 1);
+  d.cooldown_min = seconds(1);
+  d.cooldown_max = seconds(8);
+  Job job(d);
+  job.policy->Start({{"h", 8}, {"g", 1}});
+  job.Take();
+  std::vector<std::string> all;
+  for (int i = 0; i < 8; ++i) all.push_back("h:" + std::to_string(i));
+  all.push_back("g:0");
+  job.Form(0, all);
+  std::vector<Action> a;
+  for (int i = 0; i < 8; ++i) {
+    job.policy->OnExit("h:" + std::to_string(i), 137, "signal 9");
+    auto more = job.Take();
+    a.insert(a.end(), more.begin(), more.end());
+  }
+  auto black = Events(a, "host_blacklisted");
+  REQUIRE(black.size() == 1);
+  const double first = std::get<double>(*Field(*black[0], "cooldown"));
+  CHECK(first >= 1.0);
+  CHECK(first <= 1.5);
+  // The host comes back; a new incident (a later round) is a second blacklisting, longer.
+  job.Advance(seconds(2));
+  a = job.Take();
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE_FALSE(proposals.empty());
+  int64_t round = proposals.back()->round;
+  job.Form(round, Members(*proposals.back()));
+  job.policy->OnExit("h:0", 1, "exit status 1");
+  job.policy->OnExit("h:1", 1, "exit status 1");
+  a = job.Take();
+  black = Events(a, "host_blacklisted");
+  REQUIRE(black.size() == 1);
+  CHECK(std::get<double>(*Field(*black[0], "cooldown")) >= 2.0);
+}
+
+TEST_CASE("policy bug 3: a clean exit before any round formed, after failures, is no success",
+          "[unit]") {
+  DriverOptions d = Static({{"localhost", 1}, {"127.0.0.1", 2}}, 3, 1);
+  d.cooldown_min = seconds(1);
+  d.cooldown_max = seconds(8);
+  Job job(d);
+  job.policy->Start(d.hosts);
+  job.Take();
+  job.policy->OnExit("127.0.0.1:0", 1, "exit status 1");
+  job.policy->OnExit("127.0.0.1:1", 1, "exit status 1");
+  job.Take();
+  job.policy->OnExit("localhost:0", 0, "exit status 0");
+  REQUIRE(job.policy->shutting_down());
+  CHECK(job.policy->exit_code() == 1);
+  CHECK_THAT(job.policy->final_message(), Catch::Contains("before round"));
+}
+
+TEST_CASE("policy bug 4: a proposal that lost a member below the minimum is withdrawn",
+          "[unit]") {
+  DriverOptions d;
+  d.discovery_script = "discover.sh";
+  d.np = d.min_np = 2;
+  d.elastic = true;
+  Job job(d);
+  job.policy->Start({{"a", 1}, {"b", 1}});
+  job.Take();
+  job.policy->OnExit("b:0", 1, "exit status 1");  // before round 0 formed
+  auto a = job.Take();
+  auto withdrawn = Of(a, Action::kWithdrawRound);
+  REQUIRE(withdrawn.size() == 1);
+  CHECK(withdrawn[0]->round == 0);
+  CHECK(Of(a, Action::kProposeRound).empty());
+  CHECK(Events(a, "waiting_for_hosts").size() == 1);
+  CHECK_FALSE(job.policy->shutting_down());
+  // A new host: the next round forms with the survivor.
+  job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 1}, {"b", 1}, {"c", 1}}, {});
+  a = job.Take();
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(Members(*proposals[0]) == std::vector<std::string>{"a:0", "c:0"});
+  CHECK(Slots(a, Action::kLaunch) == std::vector<std::string>{"c:0"});
+}
+
+TEST_CASE("policy bug 8: a rank that stops while its peers go on ends the job with a reason",
+          "[unit]") {
+  Job job(Static({{"localhost", 3}}, 3, 1));
+  job.policy->Start({{"localhost", 3}});
+  job.Take();
+  job.Form(0, {"localhost:0", "localhost:1", "localhost:2"});
+  for (const char* s : {"localhost:0", "localhost:1", "localhost:2"}) job.Commit(s, 0, 5);
+  SECTION("a peer commits a later step") {
+    job.policy->OnExit("localhost:0", 0, "exit status 0");
+    CHECK_FALSE(job.policy->shutting_down());
+    job.Commit("localhost:1", 0, 6);
+  }
+  SECTION("a peer joins again after its collective failed") {
+    job.policy->OnExit("localhost:2", 0, "exit status 0");
+    job.policy->OnMemberLeft(0, "localhost:0");
+  }
+  REQUIRE(job.policy->shutting_down());
+  CHECK(job.policy->exit_code() == 1);
+  CHECK_THAT(job.policy->final_message(), Catch::Contains("same step"));
+}
+
+TEST_CASE("policy bug 9: a line carries the rank of the round the worker is in", "[unit]") {
+  Job job(Static({{"a", 3}}, 3, 1));
+  job.policy->Start({{"a", 3}});
+  job.Take();
+  job.Form(0, {"a:0", "a:1", "a:2"});
+  CHECK(job.policy->Label("a:2") == "2");
+  job.policy->OnExit("a:0", 1, "exit status 1");
+  auto a = job.Take();
+  REQUIRE(Of(a, Action::kProposeRound).size() == 1);
+  // Round 1 is only proposed: a:2 still runs as rank 2 of round 0.
+  CHECK(job.policy->Label("a:2") == "2");
+  job.Form(1, {"a:2", "a:1"});
+  CHECK(job.policy->Label("a:2") == "0");
+  CHECK(job.policy->Label("a:1") == "1");
+  CHECK(job.policy->Label("nobody:0") == "nobody:0");
+}
+
+TEST_CASE("policy: worker_exited has the slot and a numeric rank", "[unit]") {
+  Job job(Static({{"a", 2}}, 2, 2));
+  job.policy->Start({{"a", 2}});
+  job.Take();
+  job.Form(0, {"a:1", "a:0"});
+  job.policy->OnExit("a:0", 0, "exit status 0");
+  auto a = job.Take();
+  auto exited = Events(a, "worker_exited");
+  REQUIRE(exited.size() == 1);
+  CHECK(std::get<std::string>(*Field(*exited[0], "slot")) == "a:0");
+  CHECK(std::get<int64_t>(*Field(*exited[0], "rank")) == 1);
+}
+
+TEST_CASE("policy: slots that miss the rendezvous are killed, counted once, and re-planned",
+          "[unit]") {
+  DriverOptions d = Static({{"a", 1}, {"b", 2}}, 1, 1);
+  d.elastic = true;
+  Job job(d);
+  job.policy->Start(d.hosts);
+  job.Take();
+  job.policy->OnJoinTimeout(0, {"b:0", "b:1"});
+  auto a = job.Take();
+  CHECK(Slots(a, Action::kSignal, SIGKILL) == std::vector<std::string>{"b:0", "b:1"});
+  CHECK(Events(a, "host_blacklisted").size() == 1);
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(Members(*proposals[0]) == std::vector<std::string>{"a:0"});
+  job.policy->OnJoinTimeout(0, {"a:0"});  // about an old round: ignored
+  CHECK(Of(job.Take(), Action::kSignal).empty());
+}
+
+TEST_CASE("policy: --max-failures and --reset-limit end the job", "[unit]") {
+  DriverOptions d = Static({{"a", 4}}, 4, 1);
+  d.host_failure_limit = 0;
+  SECTION("max failures") {
+    d.max_failures = 1;
+    Job job(d);
+    job.policy->Start(d.hosts);
+    job.Take();
+    job.Form(0, {"a:0", "a:1", "a:2", "a:3"});
+    job.policy->OnExit("a:0", 1, "exit status 1");
+    CHECK_FALSE(job.policy->shutting_down());
+    job.policy->OnExit("a:1", 1, "exit status 1");
+    CHECK(job.policy->exit_code() == 1);
+    CHECK_THAT(job.policy->final_message(), Catch::Contains("--max-failures 1"));
+  }
+  SECTION("reset limit") {
+    d.reset_limit = 1;
+    Job job(d);
+    job.policy->Start(d.hosts);
+    job.Take();
+    job.Form(0, {"a:0", "a:1", "a:2", "a:3"});
+    job.policy->OnExit("a:0", 1, "exit status 1");  // reset 1: a:0 relaunched
+    CHECK_FALSE(job.policy->shutting_down());
+    job.policy->OnExit("a:1", 1, "exit status 1");
+    CHECK(job.policy->exit_code() == 1);
+    CHECK_THAT(job.policy->final_message(), Catch::Contains("reset limit"));
+  }
+}
+
+TEST_CASE("policy: discovery grows the job up to --max-np; a smaller host drops its slots",
+          "[unit]") {
+  DriverOptions d;
+  d.discovery_script = "discover.sh";
+  d.np = d.min_np = 1;
+  d.max_np = 3;
+  d.elastic = true;
+  Job job(d);
+  job.policy->Start({{"a", 2}});
+  job.Take();
+  job.Form(0, {"a:0", "a:1"});
+  job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 2}, {"b", 4}}, {});
+  auto a = job.Take();
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(Members(*proposals[0]) == std::vector<std::string>{"a:0", "a:1", "b:0"});
+  // The old round's members are fenced: they stop at their next commit.
+  CHECK(Slots(a, Action::kPublish) == std::vector<std::string>{"a:0", "a:1"});
+  job.Form(1, {"a:0", "a:1", "b:0"});
+  // a shrinks to one slot and b (rank 0's host in a moment) goes away.
+  job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 1}, {"c", 1}}, {});
+  a = job.Take();
+  proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(Members(*proposals[0]) == std::vector<std::string>{"a:0", "c:0"});
+  CHECK(proposals[0]->removed == std::vector<std::string>{"a:1", "b:0"});
+  // Removed workers leave; their clean exit does not finish the job.
+  job.policy->OnExit("b:0", 0, "exit status 0");
+  job.policy->OnExit("a:1", 0, "exit status 0");
+  CHECK_FALSE(job.policy->shutting_down());
+}
+
+TEST_CASE("policy: SIGTERM stops every worker, a second signal or the grace period kills",
+          "[unit]") {
+  DriverOptions d = Static({{"a", 2}}, 2, 2);
+  d.grace = seconds(5);
+  Job job(d);
+  job.policy->Start(d.hosts);
+  job.Take();
+  job.policy->OnSignal(SIGTERM, "Terminated");
+  auto a = job.Take();
+  CHECK(job.policy->exit_code() == 128 + SIGTERM);
+  CHECK(Slots(a, Action::kSignal, SIGTERM) == std::vector<std::string>{"a:0", "a:1"});
+  job.policy->OnExit("a:0", 143, "signal 15");
+  SECTION("grace period") {
+    job.Advance(seconds(4));
+    CHECK(Of(job.Take(), Action::kSignal).empty());
+    job.Advance(seconds(2));
+  }
+  SECTION("second signal") { job.policy->OnSignal(SIGINT, "Interrupt"); }
+  CHECK(Slots(job.Take(), Action::kSignal, SIGKILL) == std::vector<std::string>{"a:1"});
+  CHECK(job.policy->exit_code() == 128 + SIGTERM);
+}
+
+TEST_CASE("policy: a remote worker whose Watch breaks is killed unless it comes back",
+          "[unit]") {
+  DriverOptions d = Static({{"r", 2}}, 2, 1);
+  Job job(d, [](const std::string& host) { return host != "r"; });
+  job.policy->Start(d.hosts);
+  job.Take();
+  job.Form(0, {"r:0", "r:1"});
+  job.policy->OnWatch("r:0", false);
+  job.policy->OnWatch("r:1", false);
+  job.policy->OnWatch("r:1", true);
+  job.Advance(seconds(4));
+  auto a = job.Take();
+  CHECK(Slots(a, Action::kSignal, SIGKILL) == std::vector<std::string>{"r:0"});
+  CHECK(Events(a, "worker_lost").size() == 1);
+}
+
+TEST_CASE("policy: state lost fails the job and says how to start over", "[unit]") {
+  Job job(Static({{"a", 2}}, 2, 1));
+  job.policy->Start({{"a", 2}});
+  job.Take();
+  FormedRound f;
+  f.round = 0;
+  f.members = {"a:0", "a:1"};
+  f.newest_committed = 9;
+  job.policy->OnStateLost(f);
+  CHECK(job.policy->exit_code() == 1);
+  CHECK_THAT(job.policy->final_message(), Catch::Contains("--start-over-if-state-lost"));
+}
+
+TEST_CASE("policy: a member that leaves its round on its own makes its peers re-form",
+          "[unit]") {
+  Job job(Static({{"a", 3}}, 3, 1));
+  job.policy->Start({{"a", 3}});
+  job.Take();
+  job.Form(0, {"a:0", "a:1", "a:2"});
+  job.policy->OnMemberLeft(0, "a:1");
+  auto a = job.Take();
+  auto publish = Of(a, Action::kPublish);
+  std::vector<std::string> aborted;
+  for (const Action* p : publish) {
+    if (p->event.kind == EventKind::kAbort) aborted.push_back(p->slot);
+  }
+  std::sort(aborted.begin(), aborted.end());
+  CHECK(aborted == std::vector<std::string>{"a:0", "a:2"});
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(proposals[0]->round == 1);
+  CHECK(Members(*proposals[0]) == std::vector<std::string>{"a:0", "a:1", "a:2"});
+}
+
+TEST_CASE("policy: the next deadline follows the timers that are set", "[unit]") {
+  DriverOptions d;
+  d.discovery_script = "discover.sh";
+  d.np = d.min_np = 2;
+  d.elastic = true;
+  d.start_timeout = seconds(30);
+  Job job(d);
+  job.policy->Start({{"a", 1}});  // one slot of two: waits
+  job.Take();
+  CHECK(job.policy->NextDeadline() == job.clock.Now() + seconds(30));
+  job.Advance(seconds(31));
+  CHECK(job.policy->exit_code() == 1);
+  CHECK_THAT(job.policy->final_message(), Catch::Contains("timed out waiting for -np 2"));
+}
+
+}  // namespace
+}  // namespace elastic::driver
