@@ -41,7 +41,7 @@ if [ -d tests/python ] && ls tests/python/test_*.py >/dev/null 2>&1; then
     export ELASTIC_PYTHONPATH="$BUILD_DIR/python"
   fi
   echo "== pytest"
-  ELASTIC_BUILD_DIR="$BUILD_DIR" /usr/bin/python3 -m pytest -q tests/python
+  ELASTIC_BUILD_DIR="$BUILD_DIR" /usr/bin/python3 -m pytest -q -rs tests/python
 fi
 # The chaos soak (issue 7): random kills, additions, removals, discovery failures and leaves,
 # for two minutes with a fresh seed (printed; a failure names it for replay).

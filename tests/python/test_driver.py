@@ -52,6 +52,31 @@ def test_sigterm_stops_every_worker_group(elastic_run, test_worker):
         job.kill()
 
 
+# A worker whose shell ignores SIGTERM and whose child does not: the child shows that the
+# signal went to the whole group, the shell that only SIGKILL ends it.
+STUBBORN = 'sleep 300 & echo "child $!"; trap "" TERM; while true; do sleep 0.2; done'
+
+
+@pytest.mark.parametrize("how", ["grace", "second-signal"])
+def test_sigterm_reaches_the_group_and_sigkill_follows(elastic_run, how):
+    grace = "3" if how == "grace" else "300"
+    job = Job([elastic_run, "-np", "2", "--grace-period", grace, "sh", "-c", STUBBORN])
+    try:
+        children = [int(m.group(1)) for m in job.wait_for(r"child (\d+)", count=2)]
+        start = time.monotonic()
+        os.kill(job.proc.pid, signal.SIGTERM)
+        assert wait_gone(children, timeout=10) == [], job.text()  # the group got SIGTERM
+        if how == "second-signal":
+            time.sleep(0.5)
+            assert job.proc.poll() is None, job.text()  # the shells ignore SIGTERM
+            os.kill(job.proc.pid, signal.SIGINT)
+        assert job.wait() == 128 + signal.SIGTERM, job.text()
+        assert time.monotonic() - start < 60
+        assert "SIGKILL after" in job.text()
+    finally:
+        job.kill()
+
+
 def test_driver_crash_leaves_no_orphans(elastic_run, test_worker):
     job = Job([elastic_run, "-np", "2", test_worker, "sleep"])
     try:

@@ -129,7 +129,8 @@ PidFile {tmp_path}/sshd_{i}.pid
             if ok.returncode == 0:
                 break
         else:
-            pytest.skip(f"sshd in the namespace at {addr} does not accept logins")
+            # sshd is installed and the namespaces work: a login that fails is a failure.
+            pytest.fail(f"sshd in the namespace at {addr} does not accept logins")
     yield addrs, str(key)
     for p in procs:
         p.kill()

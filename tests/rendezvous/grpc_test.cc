@@ -198,17 +198,23 @@ TEST_CASE("grpc: watch delivers events; server shutdown ends every waiting call"
   f.core->events().Publish("a:0", Event{EventKind::kMembershipChanging, 0, "host added"});
   f.core->events().Publish("a:1", Event{EventKind::kAbort, 0, "not for a:0"});
 
+  // z:0 waits for round 1, which also needs y:0. The calls' own deadlines (30 s) are far
+  // beyond the shutdown: only the shutdown can end them, with UNAVAILABLE.
+  REQUIRE(f.core->ProposeRound(1, AssignRanks({"z:0", "y:0"}, false), {}).ok());
   auto get =
-      std::async(std::launch::async, [&] { return f.MakeClient().Get(0, {"never"}, seconds(3)); });
+      std::async(std::launch::async, [&] { return f.MakeClient().Get(0, {"never"}, seconds(30)); });
   auto join =
-      std::async(std::launch::async, [&] { return f.MakeClient().Join("z:0", 0, 0, seconds(3)); });
+      std::async(std::launch::async, [&] { return f.MakeClient().Join("z:0", -1, 0, seconds(30)); });
   for (int i = 0; i < 1000 && f.core->pending_waiters() < 2; ++i) {
     std::this_thread::sleep_for(milliseconds(5));
   }
+  REQUIRE(f.core->pending_waiters() == 2);
   f.server->Shutdown(seconds(2));
   CHECK(watch.get().ok());
-  CHECK_FALSE(get.get().ok());
-  CHECK_FALSE(join.get().ok());
+  auto got = get.get();
+  auto joined = join.get();
+  CHECK(got.status().code() == Code::kUnavailable);
+  CHECK(joined.status().code() == Code::kUnavailable);
   std::lock_guard<std::mutex> g(mu);
   REQUIRE(events.size() == 2);
   CHECK(events[0].kind == EventKind::kMembershipChanging);
