@@ -291,7 +291,7 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
   round_broken_ = true;
   recovery_start_ = Now();
   recovering_ = true;
-  Event("worker_lost", {{"slot", slot}, {"rank", rank}, {"phase", "detect"}});
+  Event("worker_lost", {{"slot", slot}, {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()}, {"phase", "detect"}});
   // Fail the survivors' collectives at once (a silent peer would otherwise cost a timeout):
   // the abort names the formed round the worker was in, so that its peers there fail
   // whatever they do in it (a collective, connecting) and those still joining it fail as
@@ -351,12 +351,20 @@ void Policy::OnReport(const rendezvous::Report& r) {
           recovering_ = false;
         }
       }
-      Event("committed", {{"slot", r.slot},
-                          {"round", r.round},
-                          {"version", r.version},
-                          {"step", r.step},
-                          {"epoch", r.epoch},
-                          {"cursor", r.cursor}});
+      w.commit_at = Now();
+      // One line per worker and round (its first commit there); later commits only update
+      // what the driver knows of the worker.
+      if (w.logged_round != r.round) {
+        w.logged_round = r.round;
+        auto known = [](int64_t v) { return v >= 0 ? JsonValue(v) : JsonValue(); };
+        Event("committed", {{"slot", r.slot},
+                            {"round", r.round},
+                            {"version", r.version},
+                            {"step", r.step},
+                            {"epoch", known(r.epoch)},
+                            {"cursor", known(r.cursor)},
+                            {"samples", known(r.samples)}});
+      }
       if (finishing_ && !finisher_.empty()) {
         const Worker& f = workers_.at(finisher_);
         if (r.step > f.step && f.step >= 0) {
@@ -509,7 +517,7 @@ void Policy::HandleLeaving(Worker& w, const std::string& why) {
   std::string rank = Label(w.slot);
   Log(Action::kInfo, fmt::format("worker {} (slot {}) is leaving{}{}; re-forming without it", rank,
                                  w.slot, why.empty() ? "" : ": ", why));
-  Event("worker_leaving", {{"slot", w.slot}, {"rank", rank}, {"reason", why}});
+  Event("worker_leaving", {{"slot", w.slot}, {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()}, {"reason", why}});
   if (IsMember(w.slot)) {
     round_broken_ = true;
     Replan("worker " + rank + " is leaving");
@@ -627,7 +635,9 @@ void Policy::OnTimer() {
   for (auto& [slot, w] : workers_) {
     if (w.running && now >= w.lost_at && !shutting_down_) {
       Log(Action::kWarn, "lost contact with slot " + slot + "; killing its launcher");
-      Event("worker_lost", {{"slot", slot}, {"reason", "watch stream broke"}});
+      Event("worker_lost", {{"slot", slot},
+                            {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()},
+                            {"reason", "watch stream broke"}});
       w.lost_at = TimePoint::max();
       Action a;
       a.kind = Action::kSignal;

@@ -108,6 +108,8 @@ class Policy {
     int rank = -1;          // its rank there (planned until that round forms)
     int64_t pid = 0;
     int64_t step = -1;  // of its newest commit
+    TimePoint commit_at{};      // when its newest commit report came
+    int64_t logged_round = -1;  // the round of its last `committed` event
   };
 
   void Replan(const std::string& reason);

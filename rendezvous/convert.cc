@@ -51,6 +51,7 @@ void ToProto(const Report& r, v1::ReportRequest* out) {
   out->set_version(r.version);
   out->set_rebuild_seconds(r.rebuild_seconds);
   out->set_sync_seconds(r.sync_seconds);
+  out->set_samples(r.samples);
 }
 
 bool FromProto(const v1::ReportRequest& r, Report* out) {
@@ -66,6 +67,7 @@ bool FromProto(const v1::ReportRequest& r, Report* out) {
   out->version = r.version();
   out->rebuild_seconds = r.rebuild_seconds();
   out->sync_seconds = r.sync_seconds();
+  out->samples = r.samples();
   return true;
 }
 

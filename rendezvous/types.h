@@ -65,9 +65,10 @@ struct Report {
   std::string slot;
   ReportKind kind = ReportKind::kCommitted;
   int64_t round = -1;
-  int64_t step = 0;
-  int64_t epoch = 0;
-  int64_t cursor = 0;
+  int64_t step = 0;     // kCommitted: the count of commits (the version)
+  int64_t epoch = -1;   // kCommitted: of the state's sampler; -1 when it has none
+  int64_t cursor = -1;  // kCommitted: samples of the epoch consumed; -1 when unknown
+  int64_t samples = -1;  // kCommitted: samples consumed over all epochs; -1 when unknown
   std::string message;
   int64_t version = 0;         // kCommitted: the version this commit made
   double rebuild_seconds = 0;  // kCommitted, first commit of a round: worker-side phases

@@ -94,4 +94,15 @@ void ObjectState::Sync(Communicator& comm, int root) {
   version_ = root_version;
 }
 
+Progress ObjectState::progress() const {
+  Progress p{version_};
+  if (!samplers_.empty()) {
+    const ElasticSampler* s = samplers_.front();
+    p.epoch = s->epoch();
+    p.cursor = s->cursor();
+    p.samples = s->epoch() * s->num_samples() + s->cursor();
+  }
+  return p;
+}
+
 }  // namespace elastic

@@ -66,9 +66,18 @@ class ElasticSampler {
   std::vector<int64_t> perm_;
 };
 
+// What a commit says about training, for the driver's reports and event log.
+struct Progress {
+  int64_t step = 0;      // commits made (the version)
+  int64_t epoch = -1;    // of the first registered sampler; -1 when there is none
+  int64_t cursor = -1;   // samples of that epoch consumed
+  int64_t samples = -1;  // samples consumed over all epochs
+};
+
 class State {
  public:
   virtual ~State() = default;
+  virtual Progress progress() const { return Progress{version_}; }
   // Snapshot the current values as the committed state.
   virtual void Save() = 0;
   // Roll the values back to the last snapshot.
@@ -124,6 +133,7 @@ class ObjectState : public State {
   void Save() override;
   void Restore() override;
   void Sync(Communicator& comm, int root) override;
+  Progress progress() const override;
 
  private:
   template <typename T>

@@ -81,6 +81,7 @@ StatusOr<std::unique_ptr<Agent>> Agent::Create(WorkerEnv env, AgentOptions optio
   co.token = agent->env_.token;
   agent->client_ = std::make_unique<rendezvous::Client>(co);
   agent->watch_ = std::thread([a = agent.get()] { a->WatchLoop(); });
+  agent->reporter_ = std::thread([a = agent.get()] { a->ReportLoop(); });
   return agent;
 }
 
@@ -94,6 +95,42 @@ void Agent::StopWatch() {
   stopping_.store(true);
   client_->CancelWatch();
   if (watch_.joinable()) watch_.join();
+  {
+    std::lock_guard<std::mutex> g(report_mu_);
+    report_stop_ = true;
+  }
+  report_cv_.notify_all();
+  if (reporter_.joinable()) reporter_.join();
+}
+
+void Agent::ReportLoop() {
+  std::unique_lock<std::mutex> l(report_mu_);
+  while (true) {
+    report_cv_.wait(l, [&] { return report_stop_ || pending_.has_value(); });
+    if (report_stop_) return;
+    rendezvous::Report r = std::move(*pending_);
+    pending_.reset();
+    l.unlock();
+    SendReport(std::move(r));
+    l.lock();
+    // At most one every 0.5 s: the newest commit by then is the one sent.
+    report_cv_.wait_for(l, std::chrono::milliseconds(500), [&] { return report_stop_; });
+  }
+}
+
+void Agent::NoteCommit(const Progress& p) {
+  rendezvous::Report r;
+  r.kind = rendezvous::ReportKind::kCommitted;
+  r.round = current_round_.load();
+  r.step = r.version = p.step;
+  r.epoch = p.epoch;
+  r.cursor = p.cursor;
+  r.samples = p.samples;
+  {
+    std::lock_guard<std::mutex> g(report_mu_);
+    pending_ = std::move(r);
+  }
+  report_cv_.notify_all();
 }
 
 void Agent::WatchLoop() {
@@ -224,17 +261,19 @@ void Agent::CheckHostUpdates() {
 
 void Agent::SendReport(rendezvous::Report r) {
   r.slot = env_.slot;
-  r.round = current_round_.load();
+  if (r.round < 0) r.round = current_round_.load();
   if (r.message.size() > 4000) r.message.resize(4000);
   Status s = client_->SendReport(r);
   if (!s.ok()) spdlog::warn("report to the driver failed: {}", s.ToString());
 }
 
-void Agent::ReportCommitted(int64_t version, Duration rebuild, Duration sync) {
+void Agent::ReportCommitted(const Progress& p, Duration rebuild, Duration sync) {
   rendezvous::Report r;
   r.kind = rendezvous::ReportKind::kCommitted;
-  r.step = version;
-  r.version = version;
+  r.step = r.version = p.step;
+  r.epoch = p.epoch;
+  r.cursor = p.cursor;
+  r.samples = p.samples;
   r.rebuild_seconds = std::chrono::duration<double>(rebuild).count();
   r.sync_seconds = std::chrono::duration<double>(sync).count();
   SendReport(std::move(r));

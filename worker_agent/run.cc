@@ -27,7 +27,9 @@ void Run(State& state, const std::function<void(State&)>& train, AgentOptions op
   state.SetCommitHook([&agent, &state, &reported_round, &sync_time] {
     if (reported_round != agent.assignment().round) {
       reported_round = agent.assignment().round;
-      agent.ReportCommitted(state.version(), agent.last_rebuild(), sync_time);
+      agent.ReportCommitted(state.progress(), agent.last_rebuild(), sync_time);
+    } else {
+      agent.NoteCommit(state.progress());
     }
     agent.CheckHostUpdates();
   });

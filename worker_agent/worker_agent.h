@@ -7,6 +7,8 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <optional>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -66,9 +68,12 @@ class Agent {
   void StopWatch();
 
   // Best-effort reports to the driver (failures are logged, not fatal). A COMMITTED report
-  // carries the version the commit made and, on a round's first commit, the worker-side
-  // recovery phases.
-  void ReportCommitted(int64_t version, Duration rebuild, Duration sync);
+  // carries what the commit made (step = version, epoch, cursor, samples) and, on a round's
+  // first commit, the worker-side recovery phases; it blocks until sent.
+  void ReportCommitted(const Progress& progress, Duration rebuild, Duration sync);
+  // A later commit: sent from a background thread, the newest only, at most every 0.5 s, so
+  // training never waits for it. The driver learns from these that the worker makes progress.
+  void NoteCommit(const Progress& progress);
   // Tells the driver that this worker leaves the job of its own accord: the driver forms the
   // next round without it at once, whether it then exits 0, fails or is killed. Blocks until
   // the driver has it (or the call fails: logged). The caller should then exit.
@@ -82,6 +87,7 @@ class Agent {
  private:
   Agent(WorkerEnv env, AgentOptions options);
   void WatchLoop();
+  void ReportLoop();
   void OnEvent(const rendezvous::Event& e);
   void SendReport(rendezvous::Report r);
 
@@ -100,6 +106,11 @@ class Agent {
   int64_t comm_round_ = -1;  // the round comm_ belongs to; guarded by comm_mu_
   std::thread watch_;
   Duration last_rebuild_{0};
+  std::thread reporter_;
+  std::mutex report_mu_;
+  std::condition_variable report_cv_;
+  bool report_stop_ = false;                   // guarded by report_mu_
+  std::optional<rendezvous::Report> pending_;  // guarded by report_mu_: newest unsent commit
 };
 
 // The process-wide agent: created and joined to round 0 on first call (DESIGN §4 Init()).

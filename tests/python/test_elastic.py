@@ -2,6 +2,7 @@
 rewrites, the C++ logistic-regression example as the training program."""
 import json
 import os
+import re
 import signal
 import time
 
@@ -66,6 +67,44 @@ def worker_pid(log, slot):
     return starts[-1]["pid"]
 
 
+# The event log's schema as the README documents it: event -> {field: type or tuple of types}.
+INT, NUM, STR, BOOL, NULL, LIST = int, (int, float), str, bool, type(None), list
+EVENT_SCHEMA = {
+    "discovery": {"ok": BOOL},
+    "host_added": {"host": STR}, "host_removed": {"host": STR},
+    "host_blacklisted": {"host": STR, "cooldown": (int, float, NULL)},
+    "waiting_for_hosts": {"available": INT, "needed": INT},
+    "round_proposed": {"round": INT, "members": LIST, "removed": LIST, "reason": STR},
+    "round_withdrawn": {"round": INT, "reason": STR},
+    "fence": {"round": INT, "reason": STR},
+    "round_formed": {"round": INT, "members": LIST, "versions": LIST, "version": INT,
+                     "sync_required": BOOL},
+    "worker_started": {"slot": STR, "pid": INT},
+    "worker_start_failed": {"slot": STR, "error": STR},
+    "committed": {"slot": STR, "round": INT, "version": INT, "step": INT,
+                  "epoch": (int, NULL), "cursor": (int, NULL), "samples": (int, NULL)},
+    "worker_lost": {"slot": STR, "rank": (int, NULL)},
+    "worker_leaving": {"slot": STR, "rank": (int, NULL), "reason": STR},
+    "member_left": {"slot": STR, "round": INT},
+    "worker_exited": {"slot": STR, "rank": (int, NULL), "round": INT, "code": INT,
+                      "status": STR},
+    "recovery_phase": {"phase": STR},
+    "state_lost": {"round": INT, "newest_committed": INT, "members": LIST, "start_over": BOOL},
+    "job_ending": {"code": INT, "message": STR}, "job_ended": {"code": INT, "message": STR},
+}
+
+
+def check_event_schema(log):
+    for e in events(log):
+        assert isinstance(e["ts"], float) and e["event"] in EVENT_SCHEMA, e
+        for field, kind in EVENT_SCHEMA[e["event"]].items():
+            assert field in e and isinstance(e[field], kind), (field, e)
+            if kind is INT or kind == (int, NULL):
+                assert not isinstance(e[field], bool), (field, e)
+        if "slot" in e:
+            assert re.fullmatch(r"[^\s:]+:\d+", e["slot"]), e
+
+
 def check_exactly_once(prefix, samples, epochs, commit_every=4):
     problems = ledger.check(prefix, samples, epochs, max_rollback=commit_every + 1)
     assert not problems, "\n".join(problems)
@@ -90,6 +129,14 @@ def test_kill_a_worker_survivors_recover_with_the_fault_free_result(
         assert sorted(formed[-1]["members"]) == survivors
         phases = {e["phase"] for e in events(log) if e["event"] == "recovery_phase"}
         assert {"fence", "rendezvous", "first_step"} <= phases
+        check_event_schema(log)
+        committed = [e for e in events(log) if e["event"] == "committed"]
+        # The example's state has a sampler: real epochs and cursors, and samples add up.
+        assert committed and all(e["epoch"] is not None for e in committed)
+        assert any(e["epoch"] > 0 or e["cursor"] > 0 for e in committed), committed
+        assert all(e["samples"] == e["epoch"] * 4096 + e["cursor"] for e in committed)
+        exited = [e for e in events(log) if e["event"] == "worker_exited"]
+        assert any(e["slot"] == victim and e["code"] == 128 + 9 for e in exited), exited
     finally:
         job.kill()
 
