@@ -98,6 +98,7 @@ Status Driver::Start() {
   rendezvous::ServerOptions so;
   so.address = opts_.bind_address + ":" + std::to_string(opts_.port);
   so.token = token_;
+  so.keepalive_time = so.keepalive_timeout = opts_.liveness_timeout / 3;
   auto server = rendezvous::Server::Start(core_.get(), so);
   if (!server.ok()) {
     if (opts_.port != 0) {  // the user's choice: a bad argument
@@ -199,6 +200,72 @@ void Driver::Launch(Worker& w) {
   policy_.OnLaunched(w.slot, w.proc->pid());
 }
 
+void Driver::DumpStacks(Worker& w, int signal) {
+  std::string label = policy_.Label(w.slot);
+  auto say = [&](const std::string& line) {
+    std::string text = "[elastic-run] " + line + "\n";
+    out_.Feed(w.slot, 2, text.data(), text.size(), label);
+  };
+  if (!w.proc || w.proc->reaped()) return;
+  if (!w.local) {
+    say("stacks not dumped: the worker runs on another host (" + w.host + ")");
+    return;
+  }
+  pid_t pid = w.proc->pid();
+  if (signal > 0) {
+    kill(pid, signal);  // the worker prints its own stacks (Python: faulthandler)
+    usleep(300 * 1000);
+  }
+  // Native stacks of every thread, from outside the process.
+  std::vector<std::string> argv;
+  if (FindProgram("eu-stack").ok()) {
+    argv = {"eu-stack", "-p", std::to_string(pid)};
+  } else if (FindProgram("gdb").ok()) {
+    argv = {"gdb", "-p", std::to_string(pid), "-batch", "-nx", "-ex", "thread apply all bt"};
+  } else {
+    say("stacks not dumped: neither eu-stack (elfutils) nor gdb is installed");
+    return;
+  }
+  say("stacks of pid " + std::to_string(pid) + " (" + argv[0] + "):");
+  LaunchSpec spec;
+  spec.argv = argv;
+  auto dumper = Process::Start(spec);
+  if (!dumper.ok()) {
+    say("stacks not dumped: " + dumper.status().message());
+    return;
+  }
+  Process& d = **dumper;
+  TimePoint deadline = SteadyClock::now() + std::chrono::seconds(15);
+  std::string text;
+  char buf[8192];
+  int code = 0;
+  while (!d.TryReap(&code) && SteadyClock::now() < deadline) {
+    pollfd fds[3] = {{d.stdout_fd(), POLLIN, 0}, {d.stderr_fd(), POLLIN, 0}, {d.pidfd(), POLLIN, 0}};
+    poll(fds, 3, 200);
+    for (int i = 0; i < 2; ++i) {
+      ssize_t got;
+      while (fds[i].fd >= 0 && (got = read(fds[i].fd, buf, sizeof buf)) > 0 &&
+             text.size() < (4u << 20)) {
+        text.append(buf, static_cast<size_t>(got));
+      }
+    }
+  }
+  if (!d.reaped()) {
+    d.SignalGroup(SIGKILL);
+    say("the stack dump took over 15 s and was stopped");
+    pollfd exit_fd{d.pidfd(), POLLIN, 0};
+    while (!d.TryReap(&code)) poll(&exit_fd, 1, 100);
+  }
+  for (int fd : {d.stdout_fd(), d.stderr_fd()}) {
+    ssize_t got;
+    while (fd >= 0 && (got = read(fd, buf, sizeof buf)) > 0 && text.size() < (4u << 20)) {
+      text.append(buf, static_cast<size_t>(got));
+    }
+  }
+  if (!text.empty() && text.back() != '\n') text += '\n';
+  out_.Feed(w.slot, 2, text.data(), text.size(), label);
+}
+
 void Driver::Perform() {
   for (std::vector<Action> actions; !(actions = policy_.TakeActions()).empty();) {
     for (Action& a : actions) {
@@ -236,6 +303,11 @@ void Driver::Perform() {
             it->second.proc->CloseStdout();
             it->second.proc->CloseStderr();
           }
+          break;
+        }
+        case Action::kDumpStacks: {
+          auto it = workers_.find(a.slot);
+          if (it != workers_.end()) DumpStacks(it->second, a.signal);
           break;
         }
         case Action::kWriteEvent:

@@ -51,6 +51,14 @@ struct DriverOptions {
   std::string output_dir;
   std::string event_log;
   Duration grace = std::chrono::seconds(5);
+  // A formed round that commits nothing for this long has a hung member: it is named, its
+  // stacks dumped, and it is killed. 0: the default, 10x the longest commit interval seen
+  // (at least 60 s; 300 s before any is seen); a round's first commit gets twice as long.
+  Duration hang_timeout{0};
+  // A worker that does not answer the rendezvous server for this long (stopped, hung hard,
+  // its host's link gone) is lost: a third goes to the keepalive interval, a third to its
+  // timeout, a third to the grace after its Watch stream breaks.
+  Duration liveness_timeout = std::chrono::seconds(6);
 };
 
 // Runs the job to its end and returns the process exit code: 0 success; the first failing

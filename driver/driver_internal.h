@@ -124,6 +124,9 @@ class Driver : public rendezvous::Listener {
   // event that makes more).
   void Perform();
   void Launch(Worker& w);
+  // Prints the worker's stacks into its stderr lines (eu-stack or gdb; `signal` first, when
+  // the worker prints its own on it). Bounded: 15 s at most.
+  void DumpStacks(Worker& w, int signal);
   void DiscoveryLoop();
 
   DriverOptions opts_;

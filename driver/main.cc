@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   std::string host_list, hostfile, log_level;
   bool verbose = false;
   double discovery_interval = 1, discovery_timeout = 10, elastic_timeout = 600, start_timeout = 600,
-         rendezvous_timeout = 60, grace = 5;
+         rendezvous_timeout = 60, grace = 5, hang_timeout = 0, liveness_timeout = 6;
   std::vector<double> cooldown;
 
   app.add_option("-n,--np,--num-proc", np, "Number of workers to start (and wait for at start)");
@@ -109,6 +109,15 @@ int main(int argc, char** argv) {
   app.add_option("--blacklist-cooldown-range", cooldown,
                  "MIN MAX seconds a blacklisted host is kept out (permanent if absent)")
       ->expected(2);
+  app.add_option("--hang-timeout", hang_timeout,
+                 "Seconds a formed round may go without a commit before the worker holding it "
+                 "up is named, its stacks dumped, and killed (default: 10x the longest commit "
+                 "interval seen, at least 60; 300 until one is seen)")
+      ->check(kPositive);
+  app.add_option("--liveness-timeout", liveness_timeout,
+                 "Seconds a worker may not answer the driver (stopped, link down) before it is "
+                 "lost (6; at least 1.5)")
+      ->check(kPositive);
   app.add_flag("--start-over-if-state-lost", o.start_over_if_state_lost,
                "When every worker holding a commit is gone, train again from the initial state "
                "instead of failing the job (exit 1)");
@@ -250,6 +259,9 @@ int main(int argc, char** argv) {
   o.start_timeout = secs(start_timeout);
   o.rendezvous_timeout = secs(rendezvous_timeout);
   o.grace = secs(grace);
+  if (liveness_timeout < 1.5) return fail("--liveness-timeout must be at least 1.5 s");
+  o.liveness_timeout = secs(liveness_timeout);
+  o.hang_timeout = secs(hang_timeout);
   // A local command that does not exist is caught here, before anything starts.
   bool any_local = o.hosts.empty();
   for (const auto& h : o.hosts) {

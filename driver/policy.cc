@@ -257,6 +257,10 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
     Log(Action::kInfo, fmt::format("worker {} (slot {}) left the job: {}", rank, slot, how));
     return;
   }
+  if (w.dropped) {  // the driver gave up on it already (failed, hung, lost, no join)
+    Log(Action::kInfo, fmt::format("worker {} (slot {}) is gone: {}", rank, slot, how));
+    return;
+  }
   if (w.removed || !IsMember(slot)) {
     Log(Action::kInfo,
         fmt::format("worker {} (slot {}) left after scale-down: {}", rank, slot, how));
@@ -279,13 +283,20 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
     return;
   }
   if (w.dropped) return;  // the driver already gave up on it (join timeout, lost)
-  ++failures_;
   std::string what =
       "worker " + rank + " (slot " + slot + ", host " + w.host + ") failed: " + how;
   if (!d_.elastic || finishing_) {
+    ++failures_;
     Terminate(code, what);
     return;
   }
+  LoseWorker(w, what);
+}
+
+void Policy::LoseWorker(Worker& w, const std::string& what) {
+  const std::string slot = w.slot;
+  const std::string rank = Label(slot);
+  ++failures_;
   Log(Action::kWarn, what + "; recovering");
   w.dropped = true;
   round_broken_ = true;
@@ -327,7 +338,14 @@ void Policy::OnReport(const rendezvous::Report& r) {
   auto it = workers_.find(r.slot);
   if (it == workers_.end()) return;
   Worker& w = it->second;
+  w.heard_at = Now();
+  w.heard_round = r.round;
+  w.collectives = r.collectives;
+  w.in_collective = r.in_collective;
+  w.stack_signal = r.stack_signal;
   switch (r.kind) {
+    case rendezvous::ReportKind::kHeartbeat:
+      break;
     case rendezvous::ReportKind::kFinished:
       w.finished = true;
       if (r.step > 0) w.step = r.step;
@@ -339,6 +357,9 @@ void Policy::OnReport(const rendezvous::Report& r) {
       HandleLeaving(w, r.message);
       break;
     case rendezvous::ReportKind::kCommitted:
+      if (w.step >= 0 && r.step > w.step && w.commit_at > formed_at_ && r.round == formed_) {
+        longest_interval_ = std::max(longest_interval_, (Now() - w.commit_at) / (r.step - w.step));
+      }
       w.step = r.step;
       if (!first_commit_logged_ && r.round == formed_) {
         first_commit_logged_ = true;
@@ -381,6 +402,7 @@ void Policy::OnReport(const rendezvous::Report& r) {
 void Policy::OnRoundFormed(const rendezvous::FormedRound& f) {
   if (f.round != round_) return;
   formed_ = f.round;
+  formed_at_ = Now();
   started_ = true;
   members_ = f.members;  // rank order as formed: rank 0 holds the newest version
   formed_members_ = f.members;
@@ -532,10 +554,10 @@ void Policy::OnWatch(const std::string& slot, bool open) {
     w.lost_at = TimePoint::max();
     return;
   }
-  // A remote worker whose stream breaks while its launcher runs may be lost (host gone):
-  // unless the launcher exits (or the stream re-opens) within a moment, it is killed.
-  if (!w.local && !w.finished && w.running && !shutting_down_) {
-    w.lost_at = Now() + std::chrono::seconds(3);
+  // A worker whose stream breaks while its process runs may be lost (stopped, hung, its host
+  // gone): unless it exits (or the stream re-opens) within the grace, it is.
+  if (!w.finished && !w.leaving && w.running && !shutting_down_) {
+    w.lost_at = Now() + d_.liveness_timeout / 3;
   }
 }
 
@@ -604,6 +626,111 @@ void Policy::Terminate(int code, const std::string& message) {
   }
 }
 
+Duration Policy::HangTimeout() const {
+  if (d_.hang_timeout > Duration::zero()) return d_.hang_timeout;
+  if (longest_interval_ == Duration::zero()) return std::chrono::seconds(300);
+  return std::max<Duration>(std::chrono::seconds(60), 10 * longest_interval_);
+}
+
+void Policy::CheckHang() {
+  if (shutting_down_ || finishing_ || !started_ || round_ != formed_) return;
+  TimePoint now = Now();
+  TimePoint progress = formed_at_;
+  bool committed = false;
+  for (const auto& slot : formed_members_) {
+    const Worker& w = workers_.at(slot);
+    if (w.commit_at > formed_at_) committed = true;
+    progress = std::max(progress, w.commit_at);
+  }
+  Duration limit = HangTimeout() * (committed ? 1 : 2);
+  if (now - progress < limit) return;
+  // Who holds the round up: a member that has gone silent; else one that is not in a
+  // collective while others wait in one; else those that started fewer collectives.
+  std::vector<Worker*> silent, idle, behind, all;
+  int64_t most = 0;
+  for (const auto& slot : formed_members_) {
+    Worker& w = workers_.at(slot);
+    bool current = w.heard_round == formed_;
+    all.push_back(&w);
+    if (now - w.heard_at > std::chrono::seconds(3)) {
+      silent.push_back(&w);
+    } else if (!current || !w.in_collective) {
+      idle.push_back(&w);
+    }
+    most = std::max(most, current ? w.collectives : 0);
+  }
+  for (Worker* w : all) {
+    if ((w->heard_round == formed_ ? w->collectives : 0) < most) behind.push_back(w);
+  }
+  std::vector<Worker*> culprits;
+  std::string why;
+  if (!silent.empty()) {
+    culprits = silent;
+    why = "is silent (no report for over 3 s)";
+  } else if (!idle.empty() && idle.size() < all.size()) {
+    culprits = idle;
+    why = "is not in a collective while its peers wait in one";
+  } else if (!behind.empty()) {
+    culprits = behind;
+    why = "started fewer collectives than its peers";
+  }
+  std::string span = fmt::format("round {} made no progress for {:.1f} s (--hang-timeout {:.0f} s{})",
+                                 formed_, Secs(now - progress), Secs(HangTimeout()),
+                                 committed ? "" : ", doubled before the round's first commit");
+  if (culprits.empty()) {
+    // No member stands out (all wait in the same collective): the round is re-formed.
+    Log(Action::kWarn, span + "; no member stands out; aborting the round and re-forming");
+    Event("round_hung", {{"round", formed_}, {"seconds", Secs(now - progress)}});
+    aborted_ = formed_;
+    for (const auto& slot : formed_members_) {
+      Action a;
+      a.kind = Action::kPublish;
+      a.slot = slot;
+      a.event = rendezvous::Event{EventKind::kAbort, formed_, span};
+      Emit(std::move(a));
+    }
+    formed_at_ = now;
+    round_broken_ = true;
+    Replan("round " + std::to_string(formed_) + " hung");
+    return;
+  }
+  for (Worker* w : culprits) {
+    if (shutting_down_) break;
+    DeclareHung(*w, why + "; " + span);
+  }
+}
+
+void Policy::DeclareHung(Worker& w, const std::string& why) {
+  if (!w.running || w.dropped) return;
+  std::string what = fmt::format("worker {} (slot {}, host {}, pid {}, last step {}) {}",
+                                 Label(w.slot), w.slot, w.host, w.pid, w.step, why);
+  Event("worker_hung", {{"slot", w.slot},
+                        {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()},
+                        {"host", w.host},
+                        {"pid", w.pid},
+                        {"step", w.step},
+                        {"reason", why}});
+  Log(Action::kWarn, what + "; dumping its stacks into its log and killing it");
+  Action dump;
+  dump.kind = Action::kDumpStacks;
+  dump.slot = w.slot;
+  dump.signal = w.stack_signal;
+  Emit(std::move(dump));
+  Action kill;
+  kill.kind = Action::kSignal;
+  kill.slot = w.slot;
+  kill.signal = SIGKILL;
+  Emit(std::move(kill));
+  w.lost_at = TimePoint::max();
+  if (!d_.elastic || finishing_) {
+    ++failures_;
+    w.dropped = true;
+    Terminate(1, what);
+    return;
+  }
+  LoseWorker(w, what);
+}
+
 void Policy::OnTimer() {
   TimePoint now = Now();
   if (shutting_down_) {
@@ -634,18 +761,20 @@ void Policy::OnTimer() {
   if (hosts_.TakeEndedCooldowns()) Replan("a blacklist cooldown ended");
   for (auto& [slot, w] : workers_) {
     if (w.running && now >= w.lost_at && !shutting_down_) {
-      Log(Action::kWarn, "lost contact with slot " + slot + "; killing its launcher");
-      Event("worker_lost", {{"slot", slot},
-                            {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()},
-                            {"reason", "watch stream broke"}});
       w.lost_at = TimePoint::max();
-      Action a;
-      a.kind = Action::kSignal;
-      a.slot = slot;
-      a.signal = SIGKILL;
-      Emit(std::move(a));
+      if (!IsMember(slot)) {  // not in the job (removed, leaving): only its process goes
+        Action a;
+        a.kind = Action::kSignal;
+        a.slot = slot;
+        a.signal = SIGKILL;
+        Emit(std::move(a));
+        continue;
+      }
+      DeclareHung(w, "lost contact: its Watch stream broke and stayed broken (the process is "
+                     "stopped or hung, or its host is unreachable)");
     }
   }
+  CheckHang();
 }
 
 }  // namespace elastic::driver

@@ -29,6 +29,8 @@ struct Action {
     kPublish,        // slot, event (fence, abort)
     kLaunch,         // slot: start its worker; the result comes back as OnLaunched/OnLaunchFailed
     kSignal,         // slot, signal: to the worker's process group (SIGKILL: stop reading it)
+    kDumpStacks,     // slot, signal: print the worker's stacks into its log (signal: the one
+                     // that makes it print its own, e.g. Python's faulthandler; 0: none)
     kWriteEvent,     // name, fields: one event-log line
     kLog,            // level, message: one driver log line
   };
@@ -110,9 +112,23 @@ class Policy {
     int64_t step = -1;  // of its newest commit
     TimePoint commit_at{};      // when its newest commit report came
     int64_t logged_round = -1;  // the round of its last `committed` event
+    // From its newest report of any kind (a heartbeat comes every second).
+    TimePoint heard_at{};
+    int64_t heard_round = -1;
+    int64_t collectives = 0;
+    bool in_collective = false;
+    int stack_signal = 0;
   };
 
   void Replan(const std::string& reason);
+  // A member failed, hung or was lost: its peers are aborted, its host charged, and the job
+  // re-forms without it.
+  void LoseWorker(Worker& w, const std::string& what);
+  // Names a hung or silent worker, dumps its stacks, kills it and loses it.
+  void DeclareHung(Worker& w, const std::string& why);
+  // The formed round made no progress for the hang timeout: finds who holds it up.
+  void CheckHang();
+  Duration HangTimeout() const;
   void Launch(Worker& w, int rank);
   void CheckFinished();
   void HandleLeaving(Worker& w, const std::string& why);
@@ -141,6 +157,8 @@ class Policy {
   int64_t withdrawn_ = -1;  // newest proposed round withdrawn
   std::map<std::string, int64_t> incident_round_;  // host -> round of its last counted failure
   int resets_ = 0, failures_ = 0;
+  TimePoint formed_at_{};           // when the newest formed round formed
+  Duration longest_interval_{0};    // between two commits of a worker, per step
   bool finishing_ = false;
   std::string finisher_;  // the first member that finished
   bool shutting_down_ = false;

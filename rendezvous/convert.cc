@@ -52,11 +52,14 @@ void ToProto(const Report& r, v1::ReportRequest* out) {
   out->set_rebuild_seconds(r.rebuild_seconds);
   out->set_sync_seconds(r.sync_seconds);
   out->set_samples(r.samples);
+  out->set_collectives(r.collectives);
+  out->set_in_collective(r.in_collective);
+  out->set_stack_signal(r.stack_signal);
 }
 
 bool FromProto(const v1::ReportRequest& r, Report* out) {
   int kind = static_cast<int>(r.kind());
-  if (kind < 1 || kind > 4) return false;
+  if (kind < 1 || kind > 5) return false;
   out->slot = r.slot();
   out->kind = static_cast<ReportKind>(kind);
   out->round = r.round();
@@ -68,6 +71,9 @@ bool FromProto(const v1::ReportRequest& r, Report* out) {
   out->rebuild_seconds = r.rebuild_seconds();
   out->sync_seconds = r.sync_seconds();
   out->samples = r.samples();
+  out->collectives = r.collectives();
+  out->in_collective = r.in_collective();
+  out->stack_signal = r.stack_signal();
   return true;
 }
 

@@ -305,8 +305,11 @@ StatusOr<std::unique_ptr<Server>> Server::Start(Core* core, ServerOptions option
   builder.SetMaxReceiveMessageSize(static_cast<int>(lim.max_value_bytes + (1 << 20)));
   builder.SetMaxSendMessageSize(static_cast<int>(lim.max_get_response_bytes + (1 << 20)));
   // Liveness: clients ping every 2 s; a silent peer's stream breaks within a few seconds.
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+  auto ms = [](Duration d) {
+    return static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+  };
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ms(options.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms(options.keepalive_timeout));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);

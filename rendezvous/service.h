@@ -20,6 +20,10 @@ struct ServerOptions {
   std::string token;                  // required on every call; must not be empty
   // Longest server-side wait of a Join or Get whose call has no deadline.
   Duration max_wait = std::chrono::hours(24);
+  // Keepalive pings on every connection: a peer that does not answer one within the timeout
+  // (stopped, or its link gone) has its calls and Watch stream broken.
+  Duration keepalive_time = std::chrono::seconds(2);
+  Duration keepalive_timeout = std::chrono::seconds(2);
 };
 
 class RendezvousService;

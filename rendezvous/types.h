@@ -59,7 +59,7 @@ struct Event {
   std::string message;
 };
 
-enum class ReportKind { kCommitted = 1, kLeaving = 2, kFailed = 3, kFinished = 4 };
+enum class ReportKind { kCommitted = 1, kLeaving = 2, kFailed = 3, kFinished = 4, kHeartbeat = 5 };
 
 struct Report {
   std::string slot;
@@ -73,6 +73,9 @@ struct Report {
   int64_t version = 0;         // kCommitted: the version this commit made
   double rebuild_seconds = 0;  // kCommitted, first commit of a round: worker-side phases
   double sync_seconds = 0;
+  int64_t collectives = 0;     // every kind: collectives started in the current round
+  bool in_collective = false;  // every kind: one is running now
+  int stack_signal = 0;        // what makes the worker print its stacks (0: none)
 };
 
 // Ranks, local and cross ranks (by host, in rank order) for `members` in rank order; every

@@ -104,12 +104,20 @@ void Agent::StopWatch() {
 }
 
 void Agent::ReportLoop() {
+  // A commit report, or else a heartbeat every second: the driver tells a hung worker from
+  // its peers waiting for it by what these say (DESIGN §6).
   std::unique_lock<std::mutex> l(report_mu_);
   while (true) {
-    report_cv_.wait(l, [&] { return report_stop_ || pending_.has_value(); });
+    report_cv_.wait_for(l, std::chrono::seconds(1),
+                        [&] { return report_stop_ || pending_.has_value(); });
     if (report_stop_) return;
-    rendezvous::Report r = std::move(*pending_);
-    pending_.reset();
+    rendezvous::Report r;
+    if (pending_) {
+      r = std::move(*pending_);
+      pending_.reset();
+    } else {
+      r.kind = rendezvous::ReportKind::kHeartbeat;
+    }
     l.unlock();
     SendReport(std::move(r));
     l.lock();
@@ -262,6 +270,14 @@ void Agent::CheckHostUpdates() {
 void Agent::SendReport(rendezvous::Report r) {
   r.slot = env_.slot;
   if (r.round < 0) r.round = current_round_.load();
+  {
+    std::lock_guard<std::mutex> g(comm_mu_);
+    if (comm_) {
+      r.collectives = static_cast<int64_t>(comm_->collectives_started());
+      r.in_collective = comm_->in_collective();
+    }
+  }
+  if (const char* sig = std::getenv("ELASTIC_STACK_SIGNAL")) r.stack_signal = std::atoi(sig);
   if (r.message.size() > 4000) r.message.resize(4000);
   Status s = client_->SendReport(r);
   if (!s.ok()) spdlog::warn("report to the driver failed: {}", s.ToString());

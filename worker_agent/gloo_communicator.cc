@@ -354,6 +354,12 @@ void GlooCommunicator::Guard(const char* what, std::function<void()> fn) {
     return WorkerLostError(std::string(what) + (why.empty() ? "" : ": ") + why);
   };
   if (aborted_.load()) throw lost("the communicator was aborted (a peer is gone)");
+  started_.fetch_add(1);
+  running_.store(true);
+  struct Done {
+    std::atomic<bool>& running;
+    ~Done() { running.store(false); }
+  } done{running_};
   if (!exec_) {
     auto ex = std::make_shared<Executor>();
     ex->thread = std::thread(&Executor::Loop, ex);

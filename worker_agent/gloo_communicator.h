@@ -68,6 +68,11 @@ class GlooCommunicator : public Communicator {
   void Barrier() override;
   void Abort() override;
 
+  // For the driver's hang detection (thread-safe): collectives started on this communicator,
+  // and whether one is running now.
+  uint64_t collectives_started() const { return started_.load(); }
+  bool in_collective() const { return running_.load(); }
+
  private:
   struct Executor;
   GlooCommunicator(std::shared_ptr<AbortableContext> ctx, Topology topo, GlooOptions options);
@@ -88,6 +93,8 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<void> device_;    // gloo::transport::Device, until connected
   std::shared_ptr<void> pairs_;     // gloo::transport::Context being connected; abort_mu_
   std::shared_ptr<Executor> exec_;  // started on the first collective
+  std::atomic<uint64_t> started_{0};
+  std::atomic<bool> running_{false};
 };
 
 }  // namespace elastic::worker_agent

@@ -46,6 +46,26 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 _C._set_exceptions(WorkerLostError, HostsUpdatedInterrupt)
 
+
+def _register_stack_dump():
+    # When elastic-run finds this worker hung it sends SIGUSR2 first: every thread's Python
+    # stack goes to stderr (into the job's log) before the worker is killed. Left alone when
+    # the program handles SIGUSR2 itself.
+    import faulthandler
+    import signal
+    if "ELASTIC_DRIVER_ADDR" not in os.environ or not hasattr(signal, "SIGUSR2"):
+        return
+    if signal.getsignal(signal.SIGUSR2) not in (signal.SIG_DFL, None):
+        return
+    try:
+        faulthandler.register(signal.SIGUSR2, all_threads=True, chain=False)
+    except (RuntimeError, ValueError):  # not the main thread
+        return
+    os.environ["ELASTIC_STACK_SIGNAL"] = str(int(signal.SIGUSR2))
+
+
+_register_stack_dump()
+
 # Reduction ops (Horovod's names).
 Sum, Average, Min, Max = 0, 1, 2, 3
 _OPS = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max"}

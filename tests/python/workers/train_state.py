@@ -4,9 +4,14 @@ bit the same at any size and under any faults. Each rank writes a ledger like th
 example's. Prints "final weights HASH steps S" on rank 0.
 
     train_state.py EPOCHS LEDGER_PREFIX [--fail-at STEP] [--leave-at STEP]
+                   [--hang-at STEP --hang-how sleep|stop]
+
+--hang-at: the last rank of round 0 hangs before that step (sleeps forever inside the training
+loop, or stops itself with SIGSTOP).
 """
 import hashlib
 import os
+import signal
 import sys
 import time
 
@@ -18,6 +23,8 @@ EPOCHS = int(sys.argv[1])
 LEDGER = sys.argv[2]
 FAIL_AT = int(sys.argv[sys.argv.index("--fail-at") + 1]) if "--fail-at" in sys.argv else -1
 LEAVE_AT = int(sys.argv[sys.argv.index("--leave-at") + 1]) if "--leave-at" in sys.argv else -1
+HANG_AT = int(sys.argv[sys.argv.index("--hang-at") + 1]) if "--hang-at" in sys.argv else -1
+HANG_HOW = sys.argv[sys.argv.index("--hang-how") + 1] if "--hang-how" in sys.argv else "sleep"
 N, D, GLOBAL = 512, 8, 32
 rng = np.random.default_rng(5)
 X = rng.normal(size=(N, D))
@@ -43,6 +50,11 @@ def train(state):
                 raise RuntimeError("a bug in the user's training code")
             if state.step + 1 == LEAVE_AT and r == n - 1 and elastic.current_round() == 0:
                 elastic.leave("the test asked")
+            if state.step + 1 == HANG_AT and r == n - 1 and elastic.current_round() == 0:
+                print(f"hanging pid {os.getpid()}", flush=True)
+                if HANG_HOW == "stop":
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                time.sleep(3600)  # a deadlock, a stuck data loader...
             err = X[mine] @ state.w - Y[mine]
             grad = np.round(err[:, None] * X[mine] * FIXED).astype(np.int64).sum(0)
             elastic.allreduce_(grad, op=elastic.Sum)
