@@ -639,7 +639,7 @@ void Policy::CheckHang() {
   bool committed = false;
   for (const auto& slot : formed_members_) {
     const Worker& w = workers_.at(slot);
-    if (w.commit_at > formed_at_) committed = true;
+    if (w.commit_at >= formed_at_ && w.commit_at != TimePoint{}) committed = true;
     progress = std::max(progress, w.commit_at);
   }
   Duration limit = HangTimeout() * (committed ? 1 : 2);

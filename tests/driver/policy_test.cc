@@ -65,6 +65,25 @@ struct Job {
     clock.Advance(d);
     policy->OnTimer();
   }
+  void Heartbeat(const std::string& slot, int64_t round, int64_t collectives, bool in_collective,
+                 int stack_signal = 0) {
+    rendezvous::Report r;
+    r.slot = slot;
+    r.kind = rendezvous::ReportKind::kHeartbeat;
+    r.round = round;
+    r.collectives = collectives;
+    r.in_collective = in_collective;
+    r.stack_signal = stack_signal;
+    policy->OnReport(r);
+  }
+  // Seconds pass one at a time, with heartbeats from `beating` (slot -> (count, in one)).
+  void Pass(int seconds_, int64_t round,
+            const std::map<std::string, std::pair<int64_t, bool>>& beating) {
+    for (int i = 0; i < seconds_; ++i) {
+      for (const auto& [slot, b] : beating) Heartbeat(slot, round, b.first, b.second, 12);
+      Advance(std::chrono::seconds(1));
+    }
+  }
 
   FakeClock clock;
   std::unique_ptr<Policy> policy;
@@ -477,6 +496,129 @@ TEST_CASE("policy: the next deadline follows the timers that are set", "[unit]")
   job.Advance(seconds(31));
   CHECK(job.policy->exit_code() == 1);
   CHECK_THAT(job.policy->final_message(), Catch::Contains("timed out waiting for -np 2"));
+}
+
+TEST_CASE("policy: a member idle while its peers wait in a collective is named hung",
+          "[unit]") {
+  DriverOptions d = Static({{"a", 3}}, 3, 2);
+  d.elastic = true;
+  d.hang_timeout = seconds(3);
+  Job job(d);
+  job.policy->Start(d.hosts);
+  job.Take();
+  job.Form(0, {"a:0", "a:1", "a:2"});
+  for (const char* s : {"a:0", "a:1", "a:2"}) job.Commit(s, 0, 1);
+  // Before the first commit window passes: nothing.
+  job.Pass(2, 0, {{"a:0", {5, true}}, {"a:1", {4, false}}, {"a:2", {5, true}}});
+  CHECK(Events(job.Take(), "worker_hung").empty());
+  job.Pass(2, 0, {{"a:0", {5, true}}, {"a:1", {4, false}}, {"a:2", {5, true}}});
+  auto a = job.Take();
+  auto hung = Events(a, "worker_hung");
+  REQUIRE(hung.size() == 1);
+  CHECK(std::get<std::string>(*Field(*hung[0], "slot")) == "a:1");
+  CHECK(std::get<int64_t>(*Field(*hung[0], "pid")) > 0);
+  auto dumps = Of(a, Action::kDumpStacks);
+  REQUIRE(dumps.size() == 1);
+  CHECK(dumps[0]->slot == "a:1");
+  CHECK(dumps[0]->signal == 12);
+  CHECK(Slots(a, Action::kSignal, SIGKILL) == std::vector<std::string>{"a:1"});
+  // Its peers are aborted and the job re-forms without it.
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(Members(*proposals[0]) == std::vector<std::string>{"a:0", "a:2"});
+  // Its exit (SIGKILL) is expected: no second failure.
+  job.policy->OnExit("a:1", 137, "signal 9");
+  CHECK(Of(job.Take(), Action::kProposeRound).empty());
+}
+
+TEST_CASE("policy: a silent member is named hung before one that waits", "[unit]") {
+  DriverOptions d = Static({{"a", 2}}, 2, 1);
+  d.elastic = true;
+  d.hang_timeout = seconds(5);
+  Job job(d);
+  job.policy->Start(d.hosts);
+  job.Take();
+  job.Form(0, {"a:0", "a:1"});
+  for (const char* s : {"a:0", "a:1"}) job.Commit(s, 0, 1);
+  job.Pass(6, 0, {{"a:0", {9, true}}});  // a:1 sends nothing (stopped)
+  auto a = job.Take();
+  auto hung = Events(a, "worker_hung");
+  REQUIRE(hung.size() == 1);
+  CHECK(std::get<std::string>(*Field(*hung[0], "slot")) == "a:1");
+  CHECK_THAT(std::get<std::string>(*Field(*hung[0], "reason")), Catch::Contains("silent"));
+}
+
+TEST_CASE("policy: when no member stands out the hung round is aborted and re-formed",
+          "[unit]") {
+  DriverOptions d = Static({{"a", 2}}, 2, 1);
+  d.elastic = true;
+  d.hang_timeout = seconds(3);
+  Job job(d);
+  job.policy->Start(d.hosts);
+  job.Take();
+  job.Form(0, {"a:0", "a:1"});
+  for (const char* s : {"a:0", "a:1"}) job.Commit(s, 0, 1);
+  job.Pass(4, 0, {{"a:0", {9, true}}, {"a:1", {9, true}}});
+  auto a = job.Take();
+  CHECK(Events(a, "worker_hung").empty());
+  CHECK(Events(a, "round_hung").size() == 1);
+  CHECK(Of(a, Action::kSignal).empty());
+  std::vector<std::string> aborted;
+  for (const Action* p : Of(a, Action::kPublish)) {
+    if (p->event.kind == EventKind::kAbort) aborted.push_back(p->slot);
+  }
+  CHECK(aborted.size() == 2);
+  REQUIRE(Of(a, Action::kProposeRound).size() == 1);
+}
+
+TEST_CASE("policy: the default hang timeout follows the commit interval, with a floor",
+          "[unit]") {
+  DriverOptions d = Static({{"a", 2}}, 2, 1);
+  d.elastic = true;
+  Job job(d);
+  job.policy->Start(d.hosts);
+  job.Take();
+  job.Form(0, {"a:0", "a:1"});
+  std::map<std::string, std::pair<int64_t, bool>> waiting = {{"a:0", {9, true}},
+                                                              {"a:1", {8, false}}};
+  // A first step of 100 s: before any interval is known the limit is 300 s (doubled before
+  // the round's first commit), so nothing trips.
+  job.Pass(100, 0, waiting);
+  for (const char* s : {"a:0", "a:1"}) job.Commit(s, 0, 1);
+  // Steps of 8 s: the timeout becomes max(60, 10 x 8) = 80 s.
+  for (int step = 2; step <= 4; ++step) {
+    job.Pass(8, 0, waiting);
+    for (const char* s : {"a:0", "a:1"}) job.Commit(s, 0, step);
+  }
+  job.Pass(79, 0, waiting);
+  CHECK(Events(job.Take(), "worker_hung").empty());
+  job.Pass(2, 0, waiting);
+  auto a = job.Take();
+  auto hung = Events(a, "worker_hung");
+  REQUIRE(hung.size() == 1);
+  CHECK(std::get<std::string>(*Field(*hung[0], "slot")) == "a:1");
+}
+
+TEST_CASE("policy: a local worker whose Watch stays broken is lost, named and dumped",
+          "[unit]") {
+  DriverOptions d = Static({{"a", 2}}, 2, 1);
+  d.elastic = true;
+  d.hang_timeout = seconds(1000);
+  d.liveness_timeout = seconds(6);
+  Job job(d);
+  job.policy->Start(d.hosts);
+  job.Take();
+  job.Form(0, {"a:0", "a:1"});
+  job.policy->OnWatch("a:1", false);
+  job.Pass(1, 0, {{"a:0", {1, true}}, {"a:1", {1, false}}});
+  CHECK(Events(job.Take(), "worker_hung").empty());
+  job.Pass(2, 0, {{"a:0", {1, true}}});
+  auto a = job.Take();
+  auto hung = Events(a, "worker_hung");
+  REQUIRE(hung.size() == 1);
+  CHECK_THAT(std::get<std::string>(*Field(*hung[0], "reason")), Catch::Contains("Watch stream"));
+  CHECK(Slots(a, Action::kDumpStacks) == std::vector<std::string>{"a:1"});
+  CHECK(Slots(a, Action::kSignal, SIGKILL) == std::vector<std::string>{"a:1"});
 }
 
 }  // namespace
