@@ -102,6 +102,14 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
     close(out_pipe[1]);
     return Internal(std::string("pipe: ") + strerror(errno));
   }
+  int in_pipe[2] = {-1, -1};
+  if (!spec.stdin_data.empty()) {
+    if (spec.stdin_data.size() > 65536) return InvalidArgument("stdin data over 64 KiB");
+    if (pipe2(in_pipe, O_CLOEXEC) != 0) {
+      for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) close(fd);
+      return Internal(std::string("pipe: ") + strerror(errno));
+    }
+  }
   // Everything the child needs is built before fork: only async-signal-safe calls after it.
   std::vector<std::string> env_strings;
   std::map<std::string, std::string> merged;
@@ -134,8 +142,12 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
     signal(SIGPIPE, SIG_DFL);
     dup2(out_pipe[1], 1);
     dup2(err_pipe[1], 2);
-    int devnull = open("/dev/null", O_RDONLY);
-    if (devnull >= 0) dup2(devnull, 0);
+    if (in_pipe[0] >= 0) {
+      dup2(in_pipe[0], 0);
+    } else {
+      int devnull = open("/dev/null", O_RDONLY);
+      if (devnull >= 0) dup2(devnull, 0);
+    }
     if (spec.reap_orphans) {
       // The reaper leads the group the driver signals; the program runs in a group of its
       // own below it, so SIGKILL never takes the reaper before it has cleaned up. SIGTERM to
@@ -174,6 +186,13 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
   setpgid(pid, pid);  // also here, so the group exists before the driver signals it
   close(out_pipe[1]);
   close(err_pipe[1]);
+  if (in_pipe[1] >= 0) {
+    close(in_pipe[0]);
+    // Fits the pipe's buffer: never blocks. A child that is already gone gets EPIPE (ignored).
+    ssize_t ignored = write(in_pipe[1], spec.stdin_data.data(), spec.stdin_data.size());
+    (void)ignored;
+    close(in_pipe[1]);
+  }
   fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
   fcntl(err_pipe[0], F_SETFL, O_NONBLOCK);
   std::unique_ptr<Process> p(new Process());

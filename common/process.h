@@ -23,6 +23,9 @@ struct LaunchSpec {
   // SignalGroup reaches: SIGTERM to it kills the program's group, then the rest as above.
   // For short-lived helpers such as the discovery script.
   bool reap_orphans = false;
+  // Written to the process's stdin, which then ends (at most 64 KiB: it must fit the pipe).
+  // Empty: stdin is /dev/null. How secrets reach a remote command without a command line.
+  std::string stdin_data;
 };
 
 class Process {

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <arpa/inet.h>
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -95,20 +96,6 @@ Status Driver::Start() {
   co.rendezvous_timeout = opts_.rendezvous_timeout;
   co.start_over_if_state_lost = opts_.start_over_if_state_lost;
   core_ = std::make_unique<rendezvous::Core>(co);
-  rendezvous::ServerOptions so;
-  so.address = opts_.bind_address + ":" + std::to_string(opts_.port);
-  so.token = token_;
-  so.keepalive_time = so.keepalive_timeout = opts_.liveness_timeout / 3;
-  auto server = rendezvous::Server::Start(core_.get(), so);
-  if (!server.ok()) {
-    if (opts_.port != 0) {  // the user's choice: a bad argument
-      return InvalidArgument("--port " + std::to_string(opts_.port) + ": " +
-                             server.status().message());
-    }
-    return server.status();
-  }
-  server_ = std::move(server).value();
-
   // The first host set: static, or the first discovery run (whose failure is fatal).
   std::vector<HostSlots> initial = opts_.hosts;
   if (!opts_.discovery_script.empty()) {
@@ -127,8 +114,30 @@ Status Driver::Start() {
     gethostname(name, sizeof name - 1);
     host = all_local ? "127.0.0.1" : name;
   }
+  rendezvous::ServerOptions so;
+  // Listen where the workers dial: on loopback alone when they dial a loopback address (every
+  // host is this machine), on --driver-address when it is an IPv4 address, else everywhere.
+  in_addr numeric;
+  std::string bind = "0.0.0.0";
+  if (host == "localhost" || host.rfind("127.", 0) == 0) {
+    bind = "127.0.0.1";
+  } else if (inet_pton(AF_INET, host.c_str(), &numeric) == 1) {
+    bind = host;
+  }
+  so.address = bind + ":" + std::to_string(opts_.port);
+  so.token = token_;
+  so.keepalive_time = so.keepalive_timeout = opts_.liveness_timeout / 3;
+  auto server = rendezvous::Server::Start(core_.get(), so);
+  if (!server.ok()) {
+    if (opts_.port != 0) {  // the user's choice: a bad argument
+      return InvalidArgument("--port " + std::to_string(opts_.port) + ": " +
+                             server.status().message());
+    }
+    return server.status();
+  }
+  server_ = std::move(server).value();
   driver_addr_ = host + ":" + std::to_string(server_->port());
-  spdlog::info("rendezvous server on port {}; workers dial {}", server_->port(), driver_addr_);
+  spdlog::info("rendezvous server on {}:{}; workers dial {}", bind, server_->port(), driver_addr_);
   policy_.Start(initial);
   if (!opts_.discovery_script.empty()) discovery_ = std::thread([this] { DiscoveryLoop(); });
   return Status::Ok();
@@ -167,9 +176,16 @@ void Driver::Launch(Worker& w) {
           w.slot, driver_addr_);
     }
     char cwd[4096] = {0};
-    std::string remote =
-        std::string("cd ") + ShellQuote(getcwd(cwd, sizeof cwd) ? cwd : "/") + " && env";
-    for (const auto& [k, v] : env) remote += " " + ShellQuote(k + "=" + v);
+    // The job token never appears on a command line (`ps` shows those to every user): the
+    // remote shell reads it from the launcher's stdin, its first line.
+    spec.stdin_data = token_ + "\n";
+    spec.env.erase("ELASTIC_JOB_TOKEN");
+    std::string remote = std::string("cd ") + ShellQuote(getcwd(cwd, sizeof cwd) ? cwd : "/") +
+                         " && IFS= read -r ELASTIC_JOB_TOKEN && export ELASTIC_JOB_TOKEN && "
+                         "exec env";
+    for (const auto& [k, v] : env) {
+      if (k != "ELASTIC_JOB_TOKEN") remote += " " + ShellQuote(k + "=" + v);
+    }
     for (const auto& a : opts_.command) remote += " " + ShellQuote(a);
     if (!opts_.launcher_template.empty()) {
       std::string cmd = opts_.launcher_template;

@@ -135,7 +135,8 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   app.add_option(
       "--launcher-template", o.launcher_template,
-      "Command that runs {command} on {host}, e.g. 'kubectl exec {host} -- sh -c {command}'");
+      "Command that runs {command} on {host}, passing stdin through (the job token comes on "
+      "it), e.g. 'kubectl exec -i {host} -- sh -c {command}'");
   app.add_option("--output-dir", o.output_dir,
                  "Mirror each slot's stdout/stderr under this folder");
   app.add_option("--event-log", o.event_log, "Append one JSON line per driver event to this file");

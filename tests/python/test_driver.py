@@ -197,6 +197,56 @@ def test_template_launcher_runs_remote_slots(elastic_run, test_worker, tmp_path)
     assert "[1]<stdout>:collectives ok rank 1 of 2" in out
 
 
+def listening_addresses(port):
+    # The addresses listening on `port` (IPv4, or IPv4-mapped IPv6 as gRPC binds them), as
+    # dotted quads; "::" and other IPv6 addresses as their hex.
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                addr, p = local.split(":")
+                if state != "0A" or int(p, 16) != port:
+                    continue
+                if len(addr) == 32 and addr.startswith("0000000000000000FFFF0000"):
+                    addr = addr[24:]
+                if len(addr) == 8:
+                    out.append(".".join(str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0)))
+                else:
+                    out.append(addr)
+    return out
+
+
+def test_the_token_is_on_no_command_line_and_a_local_job_listens_on_loopback(
+        elastic_run, test_worker):
+    # The remote path (127.0.0.2 is not this host's name): the launcher's command line has
+    # everything but the token, which comes on its stdin.
+    job = Job([elastic_run, "-np", "2", "-H", "127.0.0.2:2", "--driver-address", "127.0.0.1",
+               "--launcher-template", "sh -c {command}", test_worker, "sleep"])
+    try:
+        pids = [int(m.group(1)) for m in job.wait_for(r"sleeping pid (\d+)", count=2)]
+        with open(f"/proc/{pids[0]}/environ", "rb") as f:
+            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        token = env[b"ELASTIC_JOB_TOKEN"]
+        assert len(token) >= 32
+        seen = 0
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            seen += 1
+            assert token not in cmdline, (entry, cmdline)
+        assert seen > 3
+        port = int(re.search(r"rendezvous server on [0-9.]+:(\d+)", job.text()).group(1))
+        assert listening_addresses(port) == ["127.0.0.1"], job.text()
+    finally:
+        job.kill()
+
+
 def test_a_peer_stopped_then_killed_mid_transfer_never_strands_a_survivor(elastic_run,
                                                                         test_worker):
     """Rank 1 is stopped while 64 MiB allreduces run, then killed: rank 0's collective ends
