@@ -711,6 +711,16 @@ void Policy::DeclareHung(Worker& w, const std::string& why) {
                         {"step", w.step},
                         {"reason", why}});
   Log(Action::kWarn, what + "; dumping its stacks into its log and killing it");
+  w.lost_at = TimePoint::max();
+  // Its peers are aborted and the next round proposed first: they recover (the rendezvous
+  // core forms the round by itself) while the stacks are dumped; then it is killed.
+  if (!d_.elastic || finishing_) {
+    ++failures_;
+    w.dropped = true;
+    Terminate(1, what);
+  } else {
+    LoseWorker(w, what);
+  }
   Action dump;
   dump.kind = Action::kDumpStacks;
   dump.slot = w.slot;
@@ -721,14 +731,6 @@ void Policy::DeclareHung(Worker& w, const std::string& why) {
   kill.slot = w.slot;
   kill.signal = SIGKILL;
   Emit(std::move(kill));
-  w.lost_at = TimePoint::max();
-  if (!d_.elastic || finishing_) {
-    ++failures_;
-    w.dropped = true;
-    Terminate(1, what);
-    return;
-  }
-  LoseWorker(w, what);
 }
 
 void Policy::OnTimer() {

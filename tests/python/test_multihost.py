@@ -1,6 +1,7 @@
 """Several hosts on one machine: network namespaces with their own addresses, joined by a
 bridge; workers start in them through --launcher-template 'ip netns exec {host} ...'. Needs
 root and iproute2; skipped cleanly elsewhere. Only addresses this test creates are used."""
+import json
 import os
 import re
 import shutil
@@ -145,3 +146,34 @@ def test_ssh_launcher_runs_workers_on_namespace_hosts(elastic_run, test_worker, 
     assert rc == 0, out
     for r in range(4):
         assert f"[{r}]<stdout>:collectives ok rank {r} of 4" in out
+
+
+def test_a_host_whose_link_goes_down_is_lost_and_leaves_nothing_running(
+        elastic_run, build_dir, hosts, tmp_path):
+    example = str(build_dir / "examples" / "logistic_regression")
+    baseline_rc, baseline = run([elastic_run, "-np", "2", example, "--epochs", "6"])
+    assert baseline_rc == 0, baseline
+    final = re.search(r"final: .*$", baseline, re.M).group(0)
+    log = str(tmp_path / "events.jsonl")
+    job = Job([elastic_run, "-np", "4", "--min-np", "2", "--liveness-timeout", "3",
+               "--event-log", log] + launcher_args(hosts) +
+              [example, "--epochs", "6", "--step-ms", "10"])
+    veth = f"elv{hosts[1][2:8]}1"  # the second host's end on the bridge (see `hosts`)
+    try:
+        job.wait_for(r"epoch 0 done")
+        # No reset, no FIN: the second host's link silently goes away.
+        sh("ip", "link", "set", veth, "down")
+        job.wait_for(r"round \d+: 2 worker\(s\) \[" + re.escape(f"{hosts[0]}:0 {hosts[0]}:1"),
+                     timeout=60)
+        sh("ip", "link", "set", veth, "up")  # the link comes back
+        assert job.wait() == 0, job.text()
+        assert final in job.text()
+    finally:
+        job.kill()
+    with open(log) as f:
+        hung = [json.loads(l) for l in f if '"worker_hung"' in l]
+    assert sorted(e["slot"] for e in hung) == [f"{hosts[1]}:0", f"{hosts[1]}:1"], hung
+    assert all("Watch stream broke" in e["reason"] or "silent" in e["reason"] for e in hung)
+    left = subprocess.run(["ip", "netns", "pids", hosts[1]], stdout=subprocess.PIPE,
+                          text=True).stdout.split()
+    assert left == [], left  # nothing of that host keeps running

@@ -14,6 +14,8 @@ generator:
                 the discovery script exits 3, hangs past --discovery-timeout, or prints
                 garbage, for a second or two
   leave         SIGUSR1: the worker reports LEAVING and exits 0
+  stop          SIGSTOP of a member, never continued: a hung worker the driver must find
+                (--liveness-timeout), name and kill
 Faults that take a worker away wait until the job has recovered from the previous one (a
 commit in a newer round), so that some worker always holds the committed state: losing every
 holder at once is a real loss, which the driver reports (state_lost), not one the soak should
@@ -54,7 +56,7 @@ COMMIT_EVERY = 4
 HOSTS = ["localhost", "127.0.0.1"]  # two host names, both this machine
 MIN_NP, MAX_NP = 2, 6
 WEIGHTS = {"kill": 24, "kill-on-form": 12, "add": 14, "remove": 12, "disc-fail": 8,
-           "disc-hang": 5, "disc-garbage": 8, "leave": 10}
+           "disc-hang": 5, "disc-garbage": 8, "leave": 10, "stop": 6}
 
 
 class Events:
@@ -175,7 +177,7 @@ class Soak:
                 recovered = any(e["event"] == "committed" and e["round"] > gate_round
                                 for e in ev.all)
                 action = rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
-                destructive = action in ("kill", "kill-on-form", "leave")
+                destructive = action in ("kill", "kill-on-form", "leave", "stop")
                 if destructive and not recovered:
                     continue
                 if action.startswith("disc-") and restore_at:
@@ -219,6 +221,10 @@ class Soak:
             if len(members) < 1:
                 return False
             return self.kill(ev, rng.choice(members), signal.SIGKILL)
+        if action == "stop":  # a hung worker (SIGSTOP, never continued): found and killed
+            if len(members) < 1:
+                return False
+            return self.kill(ev, rng.choice(members), signal.SIGSTOP)
         if action == "leave":
             if len(members) < 3:
                 return False  # below --min-np the job would wait for a host change
