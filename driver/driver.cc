@@ -157,7 +157,12 @@ void Driver::DiscoveryLoop() {
 }
 
 void Driver::Launch(Worker& w) {
+  // Each launch gets its own id: the rendezvous refuses a Join from any other process that
+  // claims the slot (a stray copy, a stale process from an earlier launch).
+  std::string worker_id = RandomToken().substr(0, 16);
+  core_->SetWorkerId(w.slot, worker_id);
   std::map<std::string, std::string> env = {{"ELASTIC_DRIVER_ADDR", driver_addr_},
+                                            {"ELASTIC_WORKER_ID", worker_id},
                                             {"ELASTIC_JOB_TOKEN", token_},
                                             {"ELASTIC_SLOT", w.slot},
                                             {"ELASTIC_HOSTNAME", w.host},

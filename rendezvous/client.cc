@@ -65,6 +65,7 @@ StatusOr<JoinResult> Client::Join(const std::string& slot, int64_t last_round, i
   req.set_slot(slot);
   req.set_last_round(last_round);
   req.set_version(version);
+  req.set_worker_id(options_.worker_id);
   v1::JoinResponse resp;
   Status s = Retry(SteadyClock::now() + timeout,
                    [&](grpc::ClientContext* ctx) { return stub_->stub->Join(ctx, req, &resp); });

@@ -26,6 +26,7 @@ namespace elastic::rendezvous {
 struct ClientOptions {
   std::string address;  // host:port of the driver
   std::string token;
+  std::string worker_id;  // sent in every Join (ELASTIC_WORKER_ID)
   Duration call_timeout = std::chrono::seconds(30);  // Set and Report
   Duration first_backoff = std::chrono::milliseconds(20);
   Duration max_backoff = std::chrono::milliseconds(500);

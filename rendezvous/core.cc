@@ -253,8 +253,13 @@ void Core::CompleteGet(WaiterId id, StatusOr<Values> result, std::vector<Complet
       [done = std::move(done), result = std::move(result)]() mutable { done(std::move(result)); });
 }
 
+void Core::SetWorkerId(const std::string& slot, const std::string& id) {
+  std::lock_guard<std::mutex> g(mu_);
+  worker_ids_[slot] = id;
+}
+
 WaiterId Core::JoinAsync(const std::string& slot, int64_t last_round, int64_t version,
-                         TimePoint deadline, JoinCallback done) {
+                         TimePoint deadline, JoinCallback done, const std::string& worker_id) {
   std::vector<Completion> out;
   WaiterId id = 0;
   {
@@ -267,6 +272,12 @@ WaiterId Core::JoinAsync(const std::string& slot, int64_t last_round, int64_t ve
       });
     } else if (version < 0) {
       out.push_back([done] { done(InvalidArgument("a state version cannot be negative")); });
+    } else if (worker_ids_.count(slot) && worker_ids_.at(slot) != worker_id) {
+      out.push_back([done, slot] {
+        done(FailedPrecondition("slot " + slot +
+                                " belongs to another process (the one elastic-run started for "
+                                "it last); this one is a stray copy or an old launch"));
+      });
     } else if (!known_slots_.count(slot)) {
       out.push_back([done, slot] {
         done(FailedPrecondition("slot " + slot +

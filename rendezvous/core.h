@@ -92,13 +92,17 @@ class Core {
   // it will not form and its rendezvous timeout does not fire; its members' Joins go on
   // waiting for a later round.
   void WithdrawRound(int64_t round);
+  // The driver launched the slot's process with this id (ELASTIC_WORKER_ID).
+  void SetWorkerId(const std::string& slot, const std::string& id);
   int64_t formed_round() const;
   EventHub& events() { return events_; }
 
   // --- worker side ---
   // `version`: the version of the committed state the worker holds (0: none).
+  // `worker_id`: which launch of the slot the caller is; once the driver set the slot's
+  // (SetWorkerId), a Join with another id is refused with FAILED_PRECONDITION.
   WaiterId JoinAsync(const std::string& slot, int64_t last_round, int64_t version,
-                     TimePoint deadline, JoinCallback done);
+                     TimePoint deadline, JoinCallback done, const std::string& worker_id = "");
   StatusOr<JoinResult> Join(const std::string& slot, int64_t last_round, int64_t version,
                             TimePoint deadline);
   Status Set(int64_t round, const std::string& key, std::string value);
@@ -176,6 +180,7 @@ class Core {
   std::map<std::string, Assignment> formed_members_;        // guarded by mu_
   std::set<std::string> removed_;                           // guarded by mu_
   std::set<std::string> known_slots_;  // guarded by mu_: every slot ever proposed
+  std::map<std::string, std::string> worker_ids_;  // guarded by mu_: slot -> current launch
   // The formed round's store, and who waits on which key.
   std::unordered_map<std::string, std::shared_ptr<const std::string>> store_;  // guarded by mu_
   size_t store_bytes_ = 0;                                                     // guarded by mu_

@@ -223,6 +223,9 @@ grpc::ServerUnaryReactor* RendezvousService::Join(grpc::CallbackServerContext* c
                                                   v1::JoinResponse* resp) {
   grpc::Status auth = Authenticate(ctx);
   if (!auth.ok()) return FinishNow(ctx, auth);
+  if (req->worker_id().size() > 256) {
+    return FinishNow(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker id too long"));
+  }
   auto* reactor = new WaitingReactor(core_, ctx);
   WaiterId id = core_->JoinAsync(req->slot(), req->last_round(), req->version(), DeadlineOf(ctx),
                                  [reactor, resp](StatusOr<JoinResult> r) {
@@ -232,7 +235,8 @@ grpc::ServerUnaryReactor* RendezvousService::Join(grpc::CallbackServerContext* c
                                        ToProto(r->assignment, resp->mutable_assignment());
                                    }
                                    reactor->Finish(ToGrpc(r.status()));
-                                 });
+                                 },
+                                 req->worker_id());
   reactor->SetWaiter(id);
   return reactor;
 }

@@ -53,6 +53,7 @@ StatusOr<WorkerEnv> WorkerEnv::FromEnvironment() {
   env.slot = Env("ELASTIC_SLOT");
   env.hostname = Env("ELASTIC_HOSTNAME");
   env.iface = Env("ELASTIC_IFACE");
+  env.worker_id = Env("ELASTIC_WORKER_ID");
   for (auto [name, value] :
        {std::pair<const char*, std::string*>{"ELASTIC_DRIVER_ADDR", &env.driver_addr},
         {"ELASTIC_JOB_TOKEN", &env.token},
@@ -79,6 +80,7 @@ StatusOr<std::unique_ptr<Agent>> Agent::Create(WorkerEnv env, AgentOptions optio
   rendezvous::ClientOptions co;
   co.address = agent->env_.driver_addr;
   co.token = agent->env_.token;
+  co.worker_id = agent->env_.worker_id;
   agent->client_ = std::make_unique<rendezvous::Client>(co);
   agent->watch_ = std::thread([a = agent.get()] { a->WatchLoop(); });
   agent->reporter_ = std::thread([a = agent.get()] { a->ReportLoop(); });

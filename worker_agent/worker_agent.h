@@ -30,6 +30,7 @@ struct WorkerEnv {
   std::string slot;         // ELASTIC_SLOT, host:local_index
   std::string hostname;     // ELASTIC_HOSTNAME
   std::string iface;        // ELASTIC_IFACE (may be empty)
+  std::string worker_id;    // ELASTIC_WORKER_ID: which launch of the slot this process is
   // Reads the variables; INVALID_ARGUMENT naming the missing one (run under elastic-run).
   static StatusOr<WorkerEnv> FromEnvironment();
 };

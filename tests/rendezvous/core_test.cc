@@ -183,6 +183,30 @@ TEST_CASE("a slot that no round ever included is refused at once", "[unit]") {
   CHECK(core.pending_waiters() == 0);
 }
 
+TEST_CASE("a Join from another process than the slot's current launch is refused", "[unit]") {
+  Core core(CoreOptions{});
+  REQUIRE(core.ProposeRound(0, Members({"a:0"}), {}).ok());
+  core.SetWorkerId("a:0", "launch-2");
+  for (const char* id : {"", "launch-1"}) {
+    auto r = core.Join("a:0", -1, 0, Far(core));  // no id
+    if (std::string(id).size()) {
+      std::promise<StatusOr<JoinResult>> p;
+      core.JoinAsync("a:0", -1, 0, Far(core), [&p](StatusOr<JoinResult> x) { p.set_value(x); },
+                     id);
+      r = p.get_future().get();
+    }
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == Code::kFailedPrecondition);
+    CHECK(r.status().message().find("belongs to another process") != std::string::npos);
+  }
+  std::promise<StatusOr<JoinResult>> p;
+  core.JoinAsync("a:0", -1, 0, Far(core), [&p](StatusOr<JoinResult> x) { p.set_value(x); },
+                 "launch-2");
+  auto r = p.get_future().get();
+  REQUIRE(r.ok());
+  CHECK(r->assignment.round == 0);
+}
+
 TEST_CASE("a withdrawn round never forms and never times out; its Joins wait for the next",
           "[unit]") {
   FakeClock clock;
