@@ -285,6 +285,10 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
   if (w.dropped) return;  // the driver already gave up on it (join timeout, lost)
   std::string what =
       "worker " + rank + " (slot " + slot + ", host " + w.host + ") failed: " + how;
+  if (!w.local && code == 255 && d_.launcher_template.empty()) {
+    what += " (ssh could not run the worker: the host is unreachable or refused the login; "
+            "ssh's own message is in the worker's stderr above)";
+  }
   if (!d_.elastic || finishing_) {
     ++failures_;
     Terminate(code, what);

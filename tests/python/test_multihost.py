@@ -177,3 +177,34 @@ def test_a_host_whose_link_goes_down_is_lost_and_leaves_nothing_running(
     left = subprocess.run(["ip", "netns", "pids", hosts[1]], stdout=subprocess.PIPE,
                           text=True).stdout.split()
     assert left == [], left  # nothing of that host keeps running
+
+
+@pytest.mark.parametrize("failure", ["refused key", "no sshd"])
+def test_an_ssh_launch_that_fails_is_named_as_such(elastic_run, test_worker, sshd_hosts,
+                                                   tmp_path, failure):
+    addrs, key = sshd_hosts
+    port = "2222"
+    if failure == "refused key":
+        key = str(tmp_path / "stranger_key")
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key)
+    else:
+        port = "2223"  # nothing listens there: connection refused
+    rc, out = run([elastic_run, "-np", "2", "-H", ",".join(f"{a}:1" for a in addrs),
+                   "--driver-address", f"{SUBNET}.1", "--ssh-port", port,
+                   "--ssh-identity-file", key, test_worker, "collectives"], timeout=120)
+    assert rc == 255, out
+    assert "exit status 255" in out and "ssh could not run the worker" in out, out
+
+
+def test_an_ssh_host_that_fails_leaves_an_elastic_job_on_the_others(
+        elastic_run, test_worker, sshd_hosts, tmp_path):
+    # Elastic: the host whose ssh fails is blacklisted and the job runs on the other.
+    addrs, key = sshd_hosts
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"{addrs[0]}:1\n{SUBNET}.99:1\n")  # .99: on the bridge, no one there
+    rc, out = run([elastic_run, "-np", "1", "--min-np", "1", "--hostfile", str(hosts),
+                   "--driver-address", f"{SUBNET}.1", "--ssh-port", "2222",
+                   "--ssh-identity-file", key, test_worker, "collectives"], timeout=120)
+    assert rc == 0, out
+    assert "ssh could not run the worker" in out, out
+    assert "[0]<stdout>:collectives ok rank 0 of 1" in out, out
