@@ -82,6 +82,8 @@ class HostTable {
   TimePoint NextCooldownEnd() const;
   // Whether a cooldown ended since the last call (each end is told once).
   bool TakeEndedCooldowns();
+  // Blacklisted hosts now, with when each comes back (TimePoint::max(): never).
+  std::vector<std::pair<std::string, TimePoint>> Blacklist() const;
   Duration LastCooldown() const { return last_cooldown_; }
 
  private:

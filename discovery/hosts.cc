@@ -192,6 +192,14 @@ std::vector<HostSlots> HostTable::AvailableEventually() const {
   return out;
 }
 
+std::vector<std::pair<std::string, TimePoint>> HostTable::Blacklist() const {
+  std::vector<std::pair<std::string, TimePoint>> out;
+  for (const auto& name : order_) {
+    if (Blacklisted(name)) out.emplace_back(name, hosts_.at(name).until);
+  }
+  return out;
+}
+
 bool HostTable::TakeEndedCooldowns() {
   bool any = false;
   TimePoint now = options_.clock->Now();

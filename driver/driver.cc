@@ -127,6 +127,7 @@ Status Driver::Start() {
   so.address = bind + ":" + std::to_string(opts_.port);
   so.token = token_;
   so.keepalive_time = so.keepalive_timeout = opts_.liveness_timeout / 3;
+  so.status_json = [this] { return monitor_.StatusJson(); };
   auto server = rendezvous::Server::Start(core_.get(), so);
   if (!server.ok()) {
     if (opts_.port != 0) {  // the user's choice: a bad argument
@@ -138,6 +139,23 @@ Status Driver::Start() {
   server_ = std::move(server).value();
   driver_addr_ = host + ":" + std::to_string(server_->port());
   spdlog::info("rendezvous server on {}:{}; workers dial {}", bind, server_->port(), driver_addr_);
+  // `elastic-run status` finds the job through this file (address and token, mode 0600).
+  job_file_ = opts_.job_file.empty() ? DefaultJobDir() + "/" + std::to_string(getpid()) + ".json"
+                                     : opts_.job_file;
+  Status wrote = WriteJobFile(job_file_, driver_addr_, token_);
+  if (!wrote.ok()) {
+    job_file_.clear();
+    if (!opts_.job_file.empty()) return wrote.WithContext("--job-file");
+    spdlog::warn("{}; `elastic-run status` cannot find this job", wrote.message());
+  } else {
+    spdlog::debug("job file {} (for `elastic-run status`)", job_file_);
+  }
+  if (opts_.metrics_port >= 0) {
+    auto metrics = MetricsServer::Start(&monitor_, "0.0.0.0", opts_.metrics_port);
+    if (!metrics.ok()) return metrics.status();
+    metrics_ = std::move(metrics).value();
+    spdlog::info("metrics on http://{}:{}/metrics", host, metrics_->port());
+  }
   policy_.Start(initial);
   if (!opts_.discovery_script.empty()) discovery_ = std::thread([this] { DiscoveryLoop(); });
   return Status::Ok();
@@ -152,6 +170,7 @@ void Driver::DiscoveryLoop() {
     Posted p{Posted::kDiscovery};
     p.hosts = discovery::Discover(opts_.discovery_script, opts_.discovery_timeout,
                                   opts_.discovery_max_output, opts_.slots_per_host, &p.warnings);
+    monitor_.OnDiscoveryRun(p.hosts->ok());
     Post(std::move(p));
   }
 }
@@ -333,6 +352,7 @@ void Driver::Perform() {
         }
         case Action::kWriteEvent:
           log_.Write(a.name, a.fields);
+          monitor_.OnEvent(a.name, a.fields);
           break;
         case Action::kLog:
           switch (a.level) {
@@ -360,6 +380,7 @@ void Driver::Loop() {
   std::vector<char> buf(65536);
   while (true) {
     Perform();
+    monitor_.Update(policy_.View());
     // Done when shutting down and every process is reaped.
     bool any_running = false;
     for (auto& [slot, w] : workers_) {
@@ -502,7 +523,9 @@ int Driver::Run() {
   Status s = Start();
   if (!s.ok()) {
     spdlog::error("{}", s.message());
+    metrics_.reset();
     if (server_) server_->Shutdown(std::chrono::seconds(1));
+    if (!job_file_.empty()) unlink(job_file_.c_str());
     return s.code() == Code::kInvalidArgument ? 2 : 1;
   }
   Loop();
@@ -512,7 +535,9 @@ int Driver::Run() {
   }
   disc_cv_.notify_all();
   if (discovery_.joinable()) discovery_.join();
+  metrics_.reset();
   server_->Shutdown(std::chrono::seconds(1));
+  if (!job_file_.empty()) unlink(job_file_.c_str());
   if (policy_.exit_code() == 0) {
     spdlog::info("elastic-run: {}", policy_.final_message());
   } else {

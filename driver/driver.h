@@ -59,6 +59,10 @@ struct DriverOptions {
   // its host's link gone) is lost: a third goes to the keepalive interval, a third to its
   // timeout, a third to the grace after its Watch stream breaks.
   Duration liveness_timeout = std::chrono::seconds(6);
+  // One progress line this often (0: none).
+  Duration progress_interval = std::chrono::seconds(30);
+  int metrics_port = -1;  // -1: no metrics endpoint; 0: any free port
+  std::string job_file;   // where `elastic-run status` finds this job ("": the default place)
 };
 
 // Runs the job to its end and returns the process exit code: 0 success; the first failing

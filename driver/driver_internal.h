@@ -18,6 +18,8 @@
 #include "common/process.h"
 #include "driver/driver.h"
 #include "driver/event_log.h"
+#include "driver/metrics_http.h"
+#include "driver/monitor.h"
 #include "driver/output.h"
 #include "driver/policy.h"
 #include "rendezvous/rendezvous.h"
@@ -148,6 +150,9 @@ class Driver : public rendezvous::Listener {
 
   std::map<std::string, Worker> workers_;  // by slot
   bool warned_loopback_ = false;
+  Monitor monitor_;
+  std::unique_ptr<MetricsServer> metrics_;
+  std::string job_file_;  // written at start, removed at the end
 };
 
 }  // namespace elastic::driver::internal

@@ -12,12 +12,16 @@
 
 #include "common/logging.h"
 #include "driver/driver.h"
+#include "driver/monitor.h"
 
 namespace {
 
 constexpr const char* kVersion = "0.1.0";
 
 constexpr const char* kExamples = R"(
+Subcommands:
+  elastic-run status [--job-file F] [--json]   what a running job is doing
+
 Examples:
   # 4 workers on this machine
   elastic-run -np 4 python3 train.py
@@ -56,7 +60,28 @@ const CLI::Validator kNonNegative = NumberCheck(true);
 
 }  // namespace
 
+// `elastic-run status [--job-file F] [--json]`
+int StatusMain(int argc, char** argv) {
+  CLI::App app{
+      "elastic-run status: what a running elastic-run job is doing (round, members, their\n"
+      "steps, blacklisted hosts, recent recoveries), asked from its driver."};
+  std::string job_file;
+  bool json = false;
+  app.add_option("--job-file", job_file,
+                 "The job file the driver wrote (default: the only running job's, under "
+                 "$XDG_RUNTIME_DIR/elastic-run/ or /tmp/elastic-run-<uid>/)");
+  app.add_flag("--json", json, "Print the driver's JSON document instead of a table");
+  try {
+    app.parse(argc - 1, argv + 1);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  return elastic::driver::RunStatusCommand(job_file, json);
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "status") return StatusMain(argc, argv);
   // Before any thread exists: the driver receives these through a signalfd.
   elastic::driver::BlockDriverSignals();
 
@@ -73,7 +98,8 @@ int main(int argc, char** argv) {
   std::string host_list, hostfile, log_level;
   bool verbose = false;
   double discovery_interval = 1, discovery_timeout = 10, elastic_timeout = 600, start_timeout = 600,
-         rendezvous_timeout = 60, grace = 5, hang_timeout = 0, liveness_timeout = 6;
+         rendezvous_timeout = 60, grace = 5, hang_timeout = 0, liveness_timeout = 6,
+         progress_interval = 30;
   std::vector<double> cooldown;
 
   app.add_option("-n,--np,--num-proc", np, "Number of workers to start (and wait for at start)");
@@ -118,6 +144,16 @@ int main(int argc, char** argv) {
                  "Seconds a worker may not answer the driver (stopped, link down) before it is "
                  "lost (6; at least 1.5)")
       ->check(kPositive);
+  app.add_option("--progress-interval", progress_interval,
+                 "Seconds between progress lines (world size, step, epoch, samples/s); 0: none")
+      ->check(kNonNegative);
+  app.add_option("--metrics-port", o.metrics_port,
+                 "Serve Prometheus metrics on this port at /metrics (0: any free port; off by "
+                 "default)")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--job-file", o.job_file,
+                 "Where to write the job file `elastic-run status` reads (default: "
+                 "$XDG_RUNTIME_DIR/elastic-run/<pid>.json or /tmp/elastic-run-<uid>/<pid>.json)");
   app.add_flag("--start-over-if-state-lost", o.start_over_if_state_lost,
                "When every worker holding a commit is gone, train again from the initial state "
                "instead of failing the job (exit 1)");
@@ -263,6 +299,7 @@ int main(int argc, char** argv) {
   if (liveness_timeout < 1.5) return fail("--liveness-timeout must be at least 1.5 s");
   o.liveness_timeout = secs(liveness_timeout);
   o.hang_timeout = secs(hang_timeout);
+  o.progress_interval = secs(progress_interval);
   // A local command that does not exist is caught here, before anything starts.
   bool any_local = o.hosts.empty();
   for (const auto& h : o.hosts) {

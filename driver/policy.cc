@@ -363,7 +363,13 @@ void Policy::OnReport(const rendezvous::Report& r) {
     case rendezvous::ReportKind::kCommitted:
       if (w.step >= 0 && r.step > w.step && w.commit_at > formed_at_ && r.round == formed_) {
         longest_interval_ = std::max(longest_interval_, (Now() - w.commit_at) / (r.step - w.step));
+        double secs = Secs(Now() - w.commit_at);
+        if (secs > 0) w.rate = static_cast<double>(r.step - w.step) / secs;
       }
+      w.epoch = r.epoch;
+      w.cursor = r.cursor;
+      w.samples = r.samples;
+      w.epoch_size = r.epoch_size;
       w.step = r.step;
       if (!first_commit_logged_ && r.round == formed_) {
         first_commit_logged_ = true;
@@ -737,8 +743,83 @@ void Policy::DeclareHung(Worker& w, const std::string& why) {
   Emit(std::move(kill));
 }
 
+JobView Policy::View() const {
+  JobView v;
+  TimePoint now = Now();
+  v.round = round_;
+  v.formed_round = formed_;
+  v.min_np = d_.min_np;
+  v.max_np = d_.max_np;
+  v.resets = resets_;
+  v.failures = failures_;
+  if (recovery_start_ != TimePoint{}) v.since_recovery = Secs(now - recovery_start_);
+  v.phase = shutting_down_ ? "stopping"
+            : finishing_   ? "finishing"
+            : wait_until_ != TimePoint::max() ? "waiting"
+            : !started_                       ? "starting"
+            : round_ != formed_               ? "changing"
+                                              : "training";
+  for (const auto& slot : formed_members_) {
+    const Worker& w = workers_.at(slot);
+    MemberView m;
+    m.rank = w.rank;
+    m.slot = slot;
+    m.host = w.host;
+    m.pid = w.pid;
+    m.step = w.step;
+    m.epoch = w.epoch;
+    m.cursor = w.cursor;
+    m.samples = w.samples;
+    m.epoch_size = w.epoch_size;
+    if (w.commit_at != TimePoint{}) m.since_commit = Secs(now - w.commit_at);
+    m.steps_per_second = w.rate;
+    v.members.push_back(m);
+  }
+  for (const auto& [host, until] : hosts_.Blacklist()) {
+    v.blacklisted.emplace_back(host, until == TimePoint::max() ? -1.0 : Secs(until - now));
+  }
+  return v;
+}
+
+void Policy::Progress() {
+  TimePoint now = Now();
+  JobView v = View();
+  int64_t step = -1, epoch = -1, cursor = -1, samples = -1, epoch_size = -1;
+  for (const auto& m : v.members) {
+    if (m.step > step) {
+      step = m.step;
+      epoch = m.epoch;
+      cursor = m.cursor;
+      samples = m.samples;
+      epoch_size = m.epoch_size;
+    }
+  }
+  std::string line = fmt::format("progress: {} worker(s) in round {} ({}), step {}",
+                                 v.members.size(), formed_, v.phase, step);
+  if (epoch >= 0) {
+    line += fmt::format(", epoch {}", epoch);
+    if (epoch_size > 0) line += fmt::format(" ({:.0f}%)", 100.0 * cursor / epoch_size);
+  }
+  if (samples >= 0 && progress_samples_ >= 0 && now > progress_at_) {
+    line += fmt::format(", {:.1f} samples/s", (samples - progress_samples_) / Secs(now - progress_at_));
+  }
+  line += v.since_recovery < 0 ? ", no recovery yet"
+                               : fmt::format(", last recovery {:.0f} s ago", v.since_recovery);
+  progress_samples_ = samples;
+  progress_at_ = now;
+  Log(Action::kInfo, line);
+}
+
 void Policy::OnTimer() {
   TimePoint now = Now();
+  if (!shutting_down_ && started_ && d_.progress_interval > Duration::zero()) {
+    if (next_progress_ == TimePoint{}) {
+      next_progress_ = now + d_.progress_interval;
+    } else if (now >= next_progress_) {
+      next_progress_ = now + d_.progress_interval;
+      Progress();
+    }
+  }
   if (shutting_down_) {
     if (now >= kill_at_) {
       for (auto& [slot, w] : workers_) {

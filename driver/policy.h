@@ -57,6 +57,24 @@ struct PolicyOptions {
   std::function<bool(const std::string&)> is_local = [](const std::string&) { return true; };
 };
 
+// What the job looks like now, for `elastic-run status`, metrics and progress lines.
+struct MemberView {
+  int rank = -1;
+  std::string slot, host;
+  int64_t pid = 0, step = -1, epoch = -1, cursor = -1, samples = -1, epoch_size = -1;
+  double since_commit = -1;  // seconds since its newest commit report; -1: none yet
+  double steps_per_second = 0;
+};
+struct JobView {
+  std::string phase;  // starting, training, changing, waiting, finishing, stopping
+  int64_t round = -1, formed_round = -1;
+  int min_np = 0, max_np = 0;           // max 0: no cap
+  std::vector<MemberView> members;      // of the formed round, in rank order
+  std::vector<std::pair<std::string, double>> blacklisted;  // host, seconds left (-1: for good)
+  int resets = 0, failures = 0;
+  double since_recovery = -1;  // seconds since the last recovery began; -1: none
+};
+
 class Policy {
  public:
   explicit Policy(PolicyOptions options);
@@ -84,6 +102,7 @@ class Policy {
 
   // --- results ---
   std::vector<Action> TakeActions();
+  JobView View() const;
   TimePoint NextDeadline() const;
   bool shutting_down() const { return shutting_down_; }
   int exit_code() const { return exit_code_; }
@@ -118,7 +137,10 @@ class Policy {
     int64_t collectives = 0;
     bool in_collective = false;
     int stack_signal = 0;
+    int64_t epoch = -1, cursor = -1, samples = -1, epoch_size = -1;
+    double rate = 0;  // steps per second, between its last two commit reports
   };
+  void Progress();
 
   void Replan(const std::string& reason);
   // A member failed, hung or was lost: its peers are aborted, its host charged, and the job
@@ -158,6 +180,9 @@ class Policy {
   std::map<std::string, int64_t> incident_round_;  // host -> round of its last counted failure
   int resets_ = 0, failures_ = 0;
   TimePoint formed_at_{};           // when the newest formed round formed
+  TimePoint next_progress_{};       // next progress line (after the first round forms)
+  int64_t progress_samples_ = -1;   // samples at the last progress line
+  TimePoint progress_at_{};
   Duration longest_interval_{0};    // between two commits of a worker, per step
   bool finishing_ = false;
   std::string finisher_;  // the first member that finished

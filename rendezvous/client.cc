@@ -136,6 +136,15 @@ Status Client::SendReport(const Report& report) {
                [&](grpc::ClientContext* ctx) { return stub_->stub->Report(ctx, req, &resp); });
 }
 
+StatusOr<std::string> Client::JobStatus(Duration timeout) {
+  v1::StatusRequest req;
+  v1::StatusResponse resp;
+  Status s = Retry(SteadyClock::now() + timeout,
+                   [&](grpc::ClientContext* ctx) { return stub_->stub->Status(ctx, req, &resp); });
+  if (!s.ok()) return s;
+  return resp.json();
+}
+
 Status Client::Watch(const std::string& slot, const std::function<void(const Event&)>& on_event,
                      const std::function<void()>& on_open) {
   grpc::ClientContext ctx;

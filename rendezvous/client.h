@@ -47,6 +47,8 @@ class Client {
   StatusOr<std::vector<std::string>> Get(int64_t round, const std::vector<std::string>& keys,
                                          Duration timeout);
   Status SendReport(const Report& report);
+  // The driver's status document (JSON), for `elastic-run status`.
+  StatusOr<std::string> JobStatus(Duration timeout);
   // Streams events of `slot` to `on_event` until the stream ends (server shutdown, error, or
   // CancelWatch()); returns how it ended. Not retried: a broken stream is the caller's signal.
   // `on_open` runs once the stream is established.

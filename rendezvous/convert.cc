@@ -55,6 +55,7 @@ void ToProto(const Report& r, v1::ReportRequest* out) {
   out->set_collectives(r.collectives);
   out->set_in_collective(r.in_collective);
   out->set_stack_signal(r.stack_signal);
+  out->set_epoch_size(r.epoch_size);
 }
 
 bool FromProto(const v1::ReportRequest& r, Report* out) {
@@ -74,6 +75,7 @@ bool FromProto(const v1::ReportRequest& r, Report* out) {
   out->collectives = r.collectives();
   out->in_collective = r.in_collective();
   out->stack_signal = r.stack_signal();
+  out->epoch_size = r.epoch_size();
   return true;
 }
 

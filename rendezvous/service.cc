@@ -38,6 +38,8 @@ class RendezvousService : public v1::Rendezvous::CallbackService {
                                              const v1::WatchRequest* req) override;
   grpc::ServerUnaryReactor* Report(grpc::CallbackServerContext* ctx, const v1::ReportRequest* req,
                                    v1::ReportResponse* resp) override;
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx, const v1::StatusRequest*,
+                                   v1::StatusResponse* resp) override;
 
   Core* core() const { return core_; }
 
@@ -294,6 +296,18 @@ grpc::ServerUnaryReactor* RendezvousService::Report(grpc::CallbackServerContext*
     return FinishNow(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "unknown report kind"));
   }
   return FinishNow(ctx, ToGrpc(core_->HandleReport(report)));
+}
+
+grpc::ServerUnaryReactor* RendezvousService::Status(grpc::CallbackServerContext* ctx,
+                                                  const v1::StatusRequest*,
+                                                  v1::StatusResponse* resp) {
+  grpc::Status auth = Authenticate(ctx);
+  if (!auth.ok()) return FinishNow(ctx, auth);
+  if (!options_.status_json) {
+    return FinishNow(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no status here"));
+  }
+  resp->set_json(options_.status_json());
+  return FinishNow(ctx, grpc::Status::OK);
 }
 
 StatusOr<std::unique_ptr<Server>> Server::Start(Core* core, ServerOptions options) {

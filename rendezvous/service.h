@@ -3,6 +3,7 @@
 // validates, converts the proto to plain structs, calls the Core, and converts back.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -24,6 +25,8 @@ struct ServerOptions {
   // (stopped, or its link gone) has its calls and Watch stream broken.
   Duration keepalive_time = std::chrono::seconds(2);
   Duration keepalive_timeout = std::chrono::seconds(2);
+  // Answers Status calls (thread-safe); unset: UNIMPLEMENTED.
+  std::function<std::string()> status_json;
 };
 
 class RendezvousService;

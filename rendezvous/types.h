@@ -76,6 +76,7 @@ struct Report {
   int64_t collectives = 0;     // every kind: collectives started in the current round
   bool in_collective = false;  // every kind: one is running now
   int stack_signal = 0;        // what makes the worker print its stacks (0: none)
+  int64_t epoch_size = -1;     // kCommitted: samples in an epoch; -1 when unknown
 };
 
 // Ranks, local and cross ranks (by host, in rank order) for `members` in rank order; every

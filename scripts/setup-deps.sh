@@ -9,7 +9,8 @@ PACKAGES=(
   libgloo-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev catch2
   pybind11-dev python3-dev python3-pybind11 python3-pytest python3-numpy
   python3-torch python3-sklearn
-  iproute2 procps openssh-server openssh-client
+  iproute2 procps openssh-server openssh-client gdb elfutils
+  libcpp-httplib-dev python3-matplotlib
 )
 
 missing=()

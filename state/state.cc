@@ -101,6 +101,7 @@ Progress ObjectState::progress() const {
     p.epoch = s->epoch();
     p.cursor = s->cursor();
     p.samples = s->epoch() * s->num_samples() + s->cursor();
+    p.epoch_size = s->num_samples();
   }
   return p;
 }

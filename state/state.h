@@ -72,6 +72,7 @@ struct Progress {
   int64_t epoch = -1;    // of the first registered sampler; -1 when there is none
   int64_t cursor = -1;   // samples of that epoch consumed
   int64_t samples = -1;  // samples consumed over all epochs
+  int64_t epoch_size = -1;  // samples in an epoch
 };
 
 class State {

@@ -136,6 +136,7 @@ void Agent::NoteCommit(const Progress& p) {
   r.epoch = p.epoch;
   r.cursor = p.cursor;
   r.samples = p.samples;
+  r.epoch_size = p.epoch_size;
   {
     std::lock_guard<std::mutex> g(report_mu_);
     pending_ = std::move(r);
@@ -292,6 +293,7 @@ void Agent::ReportCommitted(const Progress& p, Duration rebuild, Duration sync) 
   r.epoch = p.epoch;
   r.cursor = p.cursor;
   r.samples = p.samples;
+  r.epoch_size = p.epoch_size;
   r.rebuild_seconds = std::chrono::duration<double>(rebuild).count();
   r.sync_seconds = std::chrono::duration<double>(sync).count();
   SendReport(std::move(r));

@@ -1,0 +1,362 @@
+#include "driver/monitor.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "rendezvous/client.h"
+
+namespace elastic::driver {
+namespace {
+
+using nlohmann::json;
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+const JsonValue* Find(const JsonFields& fields, const std::string& key) {
+  for (const auto& [k, v] : fields) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+std::string Str(const JsonFields& fields, const std::string& key) {
+  const JsonValue* v = Find(fields, key);
+  return v && std::holds_alternative<std::string>(*v) ? std::get<std::string>(*v) : "";
+}
+
+double Num(const JsonFields& fields, const std::string& key, double dflt = -1) {
+  const JsonValue* v = Find(fields, key);
+  if (!v) return dflt;
+  if (std::holds_alternative<double>(*v)) return std::get<double>(*v);
+  if (std::holds_alternative<int64_t>(*v)) return static_cast<double>(std::get<int64_t>(*v));
+  return dflt;
+}
+
+// Recovery phases are short; the buckets reach from 10 ms to 10 min.
+const double kBuckets[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 600};
+
+}  // namespace
+
+void Monitor::Update(const JobView& view) {
+  std::lock_guard<std::mutex> g(mu_);
+  view_ = view;
+}
+
+void Monitor::OnDiscoveryRun(bool ok) {
+  std::lock_guard<std::mutex> g(mu_);
+  counters_["elastic_discovery_runs_total"] += 1;
+  if (!ok) counters_["elastic_discovery_failures_total"] += 1;
+}
+
+void Monitor::OnEvent(const std::string& name, const JsonFields& fields) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto start = [&](const std::string& cause) {
+    Recovery r;
+    r.started = Now();
+    r.cause = cause;
+    r.slot = Str(fields, "slot");
+    recoveries_.push_back(r);
+    if (recoveries_.size() > 10) recoveries_.erase(recoveries_.begin());
+  };
+  if (name == "round_formed") {
+    counters_["elastic_rounds_total"] += 1;
+  } else if (name == "round_proposed") {
+    if (Num(fields, "round") > 0) counters_["elastic_resets_total"] += 1;
+  } else if (name == "worker_started") {
+    counters_["elastic_workers_started_total"] += 1;
+  } else if (name == "host_blacklisted") {
+    counters_["elastic_hosts_blacklisted_total"] += 1;
+  } else if (name == "worker_lost" && Str(fields, "phase") == "detect") {
+    counters_["elastic_failures_total{kind=\"exit\"}"] += 1;
+    start("worker failed");
+  } else if (name == "worker_hung") {
+    counters_["elastic_failures_total{kind=\"hang\"}"] += 1;
+    start("worker hung: " + Str(fields, "reason").substr(0, 80));
+  } else if (name == "round_hung") {
+    counters_["elastic_failures_total{kind=\"round_hung\"}"] += 1;
+  } else if (name == "worker_leaving") {
+    counters_["elastic_leaves_total"] += 1;
+  } else if (name == "recovery_phase") {
+    std::string phase = Str(fields, "phase");
+    double secs = Num(fields, "seconds", Num(fields, "duration"));
+    if (secs >= 0 && !phase.empty()) {
+      auto& obs = phase_seconds_[phase];
+      obs.push_back(secs);
+      if (obs.size() > 10000) obs.erase(obs.begin());
+      if (!recoveries_.empty() && !recoveries_.back().done) {
+        recoveries_.back().phases[phase] = secs;
+        if (phase == "first_step") recoveries_.back().done = true;
+      }
+    }
+  }
+}
+
+std::string Monitor::StatusJson() const {
+  std::lock_guard<std::mutex> g(mu_);
+  json j;
+  j["phase"] = view_.phase;
+  j["round"] = view_.formed_round;
+  j["proposed_round"] = view_.round;
+  j["size"] = view_.members.size();
+  j["min_np"] = view_.min_np;
+  j["max_np"] = view_.max_np > 0 ? json(view_.max_np) : json(nullptr);
+  j["resets"] = view_.resets;
+  j["failures"] = view_.failures;
+  auto known = [](int64_t v) { return v >= 0 ? json(v) : json(nullptr); };
+  json members = json::array();
+  for (const auto& m : view_.members) {
+    members.push_back({{"rank", m.rank},
+                       {"slot", m.slot},
+                       {"host", m.host},
+                       {"pid", m.pid},
+                       {"step", known(m.step)},
+                       {"epoch", known(m.epoch)},
+                       {"cursor", known(m.cursor)},
+                       {"samples", known(m.samples)},
+                       {"seconds_since_commit", m.since_commit >= 0 ? json(m.since_commit)
+                                                                    : json(nullptr)},
+                       {"steps_per_second", m.steps_per_second}});
+  }
+  j["members"] = members;
+  json black = json::array();
+  for (const auto& [host, left] : view_.blacklisted) {
+    black.push_back({{"host", host}, {"seconds_left", left >= 0 ? json(left) : json(nullptr)}});
+  }
+  j["blacklisted"] = black;
+  json recs = json::array();
+  for (const auto& r : recoveries_) {
+    recs.push_back({{"started", r.started},
+                    {"cause", r.cause},
+                    {"slot", r.slot},
+                    {"phases", r.phases},
+                    {"done", r.done}});
+  }
+  j["recoveries"] = recs;
+  return j.dump();
+}
+
+std::string Monitor::Prometheus() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::ostringstream o;
+  auto gauge = [&](const char* name, const char* help, double v) {
+    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n"
+      << name << " " << v << "\n";
+  };
+  gauge("elastic_world_size", "Workers in the current round.",
+        static_cast<double>(view_.members.size()));
+  gauge("elastic_round", "The current (formed) round.", static_cast<double>(view_.formed_round));
+  gauge("elastic_blacklisted_hosts", "Hosts blacklisted now.",
+        static_cast<double>(view_.blacklisted.size()));
+  int64_t step = -1, samples = -1;
+  double rate = 0;
+  for (const auto& m : view_.members) {
+    step = std::max(step, m.step);
+    samples = std::max(samples, m.samples);
+    rate = std::max(rate, m.steps_per_second);
+  }
+  gauge("elastic_committed_step", "The newest committed step (commits made).",
+        static_cast<double>(std::max<int64_t>(step, 0)));
+  gauge("elastic_committed_samples", "Samples the newest commit has consumed.",
+        static_cast<double>(std::max<int64_t>(samples, 0)));
+  gauge("elastic_steps_per_second", "Commits per second of the fastest member.", rate);
+  // Counters: one HELP/TYPE per family.
+  const std::map<std::string, const char*> help = {
+      {"elastic_rounds_total", "Rounds formed."},
+      {"elastic_resets_total", "Membership changes (rounds proposed after the first)."},
+      {"elastic_failures_total", "Workers lost, by kind (exit, hang, round_hung)."},
+      {"elastic_workers_started_total", "Worker processes started."},
+      {"elastic_hosts_blacklisted_total", "Blacklistings."},
+      {"elastic_leaves_total", "Workers that left of their own accord."},
+      {"elastic_discovery_runs_total", "Discovery script runs."},
+      {"elastic_discovery_failures_total", "Discovery script runs that failed."}};
+  for (const auto& [family, text] : help) {
+    o << "# HELP " << family << " " << text << "\n# TYPE " << family << " counter\n";
+    bool any = false;
+    for (const auto& [name, v] : counters_) {
+      if (name == family || name.rfind(family + "{", 0) == 0) {
+        o << name << " " << v << "\n";
+        any = true;
+      }
+    }
+    if (!any) o << family << " 0\n";
+  }
+  o << "# HELP elastic_recovery_phase_seconds Recovery phases (fence, rendezvous, rebuild, sync, "
+       "first_step).\n# TYPE elastic_recovery_phase_seconds histogram\n";
+  for (const auto& [phase, obs] : phase_seconds_) {
+    double sum = 0;
+    for (double v : obs) sum += v;
+    for (double b : kBuckets) {
+      size_t n = 0;
+      for (double v : obs) n += v <= b;
+      o << "elastic_recovery_phase_seconds_bucket{phase=\"" << phase << "\",le=\"" << b << "\"} "
+        << n << "\n";
+    }
+    o << "elastic_recovery_phase_seconds_bucket{phase=\"" << phase << "\",le=\"+Inf\"} "
+      << obs.size() << "\n";
+    o << "elastic_recovery_phase_seconds_sum{phase=\"" << phase << "\"} " << sum << "\n";
+    o << "elastic_recovery_phase_seconds_count{phase=\"" << phase << "\"} " << obs.size() << "\n";
+  }
+  return o.str();
+}
+
+std::string DefaultJobDir() {
+  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+  if (runtime && *runtime) return std::string(runtime) + "/elastic-run";
+  return "/tmp/elastic-run-" + std::to_string(getuid());
+}
+
+Status WriteJobFile(const std::string& path, const std::string& address,
+                    const std::string& token) {
+  size_t slash = path.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    std::string dir = path.substr(0, slash);
+    if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      return InvalidArgument("cannot create " + dir + ": " + strerror(errno));
+    }
+  }
+  json j = {{"address", address}, {"token", token}, {"pid", getpid()}};
+  std::string text = j.dump() + "\n";
+  std::string tmp = path + ".tmp";
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return InvalidArgument("cannot write job file " + path + ": " + strerror(errno));
+  bool ok = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  close(fd);
+  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
+    unlink(tmp.c_str());
+    return InvalidArgument("cannot write job file " + path + ": " + strerror(errno));
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// The live job files in `dir` (their driver still runs).
+std::vector<std::string> LiveJobFiles(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = opendir(dir.c_str());
+  if (!d) return out;
+  while (dirent* e = readdir(d)) {
+    std::string name = e->d_name;
+    if (name.size() < 6 || name.substr(name.size() - 5) != ".json") continue;
+    pid_t pid = std::atoi(name.c_str());
+    if (pid > 0 && kill(pid, 0) == 0) out.push_back(dir + "/" + name);
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string Fixed(const json& v, int decimals) {
+  if (v.is_null()) return "-";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v.get<double>());
+  return buf;
+}
+
+std::string Int(const json& v) { return v.is_null() ? "-" : std::to_string(v.get<int64_t>()); }
+
+}  // namespace
+
+int RunStatusCommand(const std::string& job_file, bool as_json) {
+  std::string path = job_file;
+  if (path.empty()) {
+    std::string dir = DefaultJobDir();
+    auto live = LiveJobFiles(dir);
+    if (live.empty()) {
+      std::fprintf(stderr, "elastic-run status: no running job found in %s (give --job-file)\n",
+                   dir.c_str());
+      return 1;
+    }
+    if (live.size() > 1) {
+      std::fprintf(stderr, "elastic-run status: %zu jobs run; pick one with --job-file:\n",
+                   live.size());
+      for (const auto& f : live) std::fprintf(stderr, "  %s\n", f.c_str());
+      return 2;
+    }
+    path = live[0];
+  }
+  std::ifstream f(path);
+  json job;
+  try {
+    if (!f) throw std::runtime_error("cannot read it");
+    f >> job;
+    if (!job.contains("address") || !job.contains("token")) throw std::runtime_error("no address");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "elastic-run status: %s is not a job file (%s)\n", path.c_str(),
+                 e.what());
+    return 2;
+  }
+  rendezvous::ClientOptions co;
+  co.address = job["address"].get<std::string>();
+  co.token = job["token"].get<std::string>();
+  rendezvous::Client client(co);
+  auto got = client.JobStatus(std::chrono::seconds(5));
+  if (!got.ok()) {
+    std::fprintf(stderr, "elastic-run status: the driver at %s does not answer: %s\n",
+                 co.address.c_str(), got.status().message().c_str());
+    return 1;
+  }
+  if (as_json) {
+    std::printf("%s\n", got->c_str());
+    return 0;
+  }
+  json s = json::parse(*got, nullptr, false);
+  if (s.is_discarded()) {
+    std::fprintf(stderr, "elastic-run status: the driver sent a document that is not JSON\n");
+    return 1;
+  }
+  std::printf("job: %s, round %s, %zu worker(s) (--min-np %d, --max-np %s), %d reset(s), %d "
+              "failure(s)\n",
+              s["phase"].get<std::string>().c_str(), Int(s["round"]).c_str(),
+              s["members"].size(), s["min_np"].get<int>(),
+              s["max_np"].is_null() ? "none" : Int(s["max_np"]).c_str(), s["resets"].get<int>(),
+              s["failures"].get<int>());
+  std::printf("\n%4s  %-24s %-16s %8s %8s %6s %10s %12s %8s\n", "RANK", "SLOT", "HOST", "PID",
+              "STEP", "EPOCH", "CURSOR", "LAST COMMIT", "STEPS/S");
+  for (const auto& m : s["members"]) {
+    std::string since = m["seconds_since_commit"].is_null()
+                            ? "-"
+                            : Fixed(m["seconds_since_commit"], 1) + " s ago";
+    std::printf("%4d  %-24s %-16s %8s %8s %6s %10s %12s %8s\n", m["rank"].get<int>(),
+                m["slot"].get<std::string>().c_str(), m["host"].get<std::string>().c_str(),
+                Int(m["pid"]).c_str(), Int(m["step"]).c_str(), Int(m["epoch"]).c_str(),
+                Int(m["cursor"]).c_str(), since.c_str(), Fixed(m["steps_per_second"], 1).c_str());
+  }
+  if (!s["blacklisted"].empty()) {
+    std::printf("\nblacklisted hosts:\n");
+    for (const auto& b : s["blacklisted"]) {
+      std::printf("  %-24s %s\n", b["host"].get<std::string>().c_str(),
+                  b["seconds_left"].is_null()
+                      ? "for good"
+                      : ("back in " + Fixed(b["seconds_left"], 1) + " s").c_str());
+    }
+  }
+  if (!s["recoveries"].empty()) {
+    std::printf("\nrecent recoveries (seconds from the failure):\n");
+    for (const auto& r : s["recoveries"]) {
+      std::string phases;
+      for (const char* p : {"fence", "rendezvous", "rebuild", "sync", "first_step"}) {
+        if (r["phases"].contains(p)) phases += std::string(" ") + p + "=" + Fixed(r["phases"][p], 3);
+      }
+      std::printf("  %s (%s):%s%s\n", r["cause"].get<std::string>().c_str(),
+                  r["slot"].get<std::string>().c_str(), phases.c_str(),
+                  r["done"].get<bool>() ? "" : " (in progress)");
+    }
+  }
+  return 0;
+}
+
+}  // namespace elastic::driver

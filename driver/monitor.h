@@ -1,0 +1,52 @@
+// What people and monitoring see of a running job: the document `elastic-run status` prints
+// and the Prometheus text of --metrics-port. The driver's loop feeds it (the job view and every
+// event it writes); the gRPC and HTTP threads read it. Thread-safe.
+#pragma once
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "driver/event_log.h"
+#include "driver/policy.h"
+
+namespace elastic::driver {
+
+class Monitor {
+ public:
+  void Update(const JobView& view);
+  void OnEvent(const std::string& name, const JsonFields& fields);
+  void OnDiscoveryRun(bool ok);
+
+  // The status document (schema in the README, "elastic-run status").
+  std::string StatusJson() const;
+  // Prometheus text exposition format, version 0.0.4.
+  std::string Prometheus() const;
+
+ private:
+  struct Recovery {
+    double started = 0;  // seconds since the epoch
+    std::string cause;   // "worker_lost" / "worker_hung" / ...
+    std::string slot;
+    std::map<std::string, double> phases;  // phase -> seconds
+    bool done = false;
+  };
+  mutable std::mutex mu_;
+  JobView view_;
+  std::map<std::string, double> counters_;  // metric name (with labels) -> value
+  std::map<std::string, std::vector<double>> phase_seconds_;  // recovery phase -> observations
+  std::vector<Recovery> recoveries_;                          // the last few, oldest first
+};
+
+// The job file that lets `elastic-run status` find a driver: {"address", "token", "pid"}, mode
+// 0600 in a folder only the user can enter. Default place: $XDG_RUNTIME_DIR/elastic-run/, else
+// /tmp/elastic-run-<uid>/, as <driver pid>.json.
+std::string DefaultJobDir();
+Status WriteJobFile(const std::string& path, const std::string& address, const std::string& token);
+
+// `elastic-run status [--job-file F] [--json]`: prints the job's status; returns the exit code
+// (0; 1 when no driver answers; 2 for a bad or ambiguous job file).
+int RunStatusCommand(const std::string& job_file, bool json);
+
+}  // namespace elastic::driver
