@@ -1,0 +1,124 @@
+"""Operating a job (issue 12): `elastic-run status`, the Prometheus endpoint, progress lines,
+the timeline picture, all against real jobs of the C++ example."""
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from helpers import Job, run
+from test_elastic import events, example, wait_event, worker_pid  # noqa: F401 (fixture)
+
+METRIC_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (-?[0-9.e+-]+|\+Inf|NaN)$')
+
+
+def scrape(url):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/plain")
+        text = r.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            assert line.startswith("# HELP ") or line.startswith("# TYPE ") or not line, line
+            continue
+        m = METRIC_LINE.match(line)
+        assert m, f"not Prometheus text: {line!r}"
+        values[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    return values
+
+
+def status(elastic_run, job_file, *extra):
+    return subprocess.run([elastic_run, "status", "--job-file", job_file, *extra],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30)
+
+
+def test_status_metrics_and_progress_of_a_running_job_that_recovers(elastic_run, example,
+                                                                     tmp_path):
+    log, job_file = str(tmp_path / "events.jsonl"), str(tmp_path / "job.json")
+    job = Job([elastic_run, "-np", "3", "--min-np", "2", "--host-failure-limit", "0",
+               "--metrics-port", "0", "--progress-interval", "1", "--job-file", job_file,
+               "--event-log", log, example, "--epochs", "40", "--step-ms", "20"])
+    try:
+        job.wait_for(r"epoch 1 done")
+        assert oct(os.stat(job_file).st_mode & 0o777) == "0o600"
+        url = re.search(r"metrics on (http://\S+)", job.text()).group(1)
+        # status: the table and the document agree with the job.
+        p = status(elastic_run, job_file)
+        assert p.returncode == 0, p.stdout
+        assert "job: training, round 0, 3 worker(s)" in p.stdout, p.stdout
+        for slot in ("localhost:0", "localhost:1", "localhost:2"):
+            assert slot in p.stdout
+        p = status(elastic_run, job_file, "--json")
+        doc = json.loads(p.stdout)
+        assert doc["phase"] == "training" and doc["round"] == 0 and doc["size"] == 3
+        assert [m["rank"] for m in doc["members"]] == [0, 1, 2]
+        assert all(m["step"] > 0 and m["epoch"] is not None for m in doc["members"]), doc
+        pids = {m["slot"]: m["pid"] for m in doc["members"]}
+        assert pids["localhost:2"] == worker_pid(log, "localhost:2")
+        before = scrape(url)
+        assert before["elastic_world_size"] == 3
+        assert before["elastic_committed_step"] > 0
+        assert before["elastic_rounds_total"] == 1
+        # A kill: the job recovers, and status and metrics say so.
+        os.kill(pids["localhost:2"], signal.SIGKILL)
+        wait_event(log, lambda e: e["event"] == "round_formed" and e["round"] >= 1)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            doc = json.loads(status(elastic_run, job_file, "--json").stdout)
+            if doc["recoveries"] and doc["recoveries"][-1]["done"]:
+                break
+            time.sleep(0.2)
+        assert doc["size"] == 3 and doc["round"] >= 1, doc  # the slot came back
+        rec = doc["recoveries"][-1]
+        assert rec["slot"] == "localhost:2" and rec["done"], doc
+        assert {"fence", "rendezvous", "first_step"} <= set(rec["phases"]), rec
+        after = scrape(url)
+        assert after['elastic_failures_total{kind="exit"}'] == 1
+        assert after["elastic_rounds_total"] >= 2 and after["elastic_resets_total"] >= 1
+        assert after['elastic_recovery_phase_seconds_count{phase="first_step"}'] == 1
+        assert after['elastic_recovery_phase_seconds_bucket{phase="first_step",le="+Inf"}'] == 1
+        assert after["elastic_workers_started_total"] == 4
+        assert after["elastic_committed_step"] >= before["elastic_committed_step"]
+        time.sleep(1.5)  # a progress line after the recovery
+        os.kill(job.proc.pid, signal.SIGTERM)
+        assert job.wait(timeout=60) == 128 + signal.SIGTERM, job.text()
+    finally:
+        job.kill()
+    lines = re.findall(r"progress: (\d+) worker\(s\) in round (\d+) \((\w+)\), step (\d+), "
+                       r"epoch (\d+) \((\d+)%\)", job.text())
+    assert len(lines) >= 2, job.text()
+    assert all(int(n) in (2, 3) for n, *_ in lines)
+    assert "samples/s" in job.text()
+    assert not os.path.exists(job_file)  # removed when the driver ends
+
+
+def test_status_without_a_job_says_so(elastic_run, tmp_path):
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
+    p = subprocess.run([elastic_run, "status"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, env=env, timeout=30)
+    assert p.returncode == 1 and "no running job found" in p.stdout, p.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json")
+    p = status(elastic_run, str(bad))
+    assert p.returncode == 2 and "is not a job file" in p.stdout, p.stdout
+    rc, out = run([elastic_run, "status", "--help"], timeout=30)
+    assert rc == 0 and "--job-file" in out and "--json" in out
+
+
+def test_status_finds_the_only_running_job(elastic_run, example, tmp_path):
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
+    job = Job([elastic_run, "-np", "2", example, "--epochs", "40", "--step-ms", "20"], env=env)
+    try:
+        job.wait_for(r"epoch 0 done")
+        p = subprocess.run([elastic_run, "status"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env=env, timeout=30)
+        assert p.returncode == 0 and "2 worker(s)" in p.stdout, p.stdout
+        files = os.listdir(tmp_path / "elastic-run")
+        assert files == [f"{job.proc.pid}.json"], files
+    finally:
+        job.kill()
