@@ -595,6 +595,11 @@ void Policy::OnDiscovery(const StatusOr<std::vector<discovery::HostSlots>>& resu
   Event("discovery", {{"hosts", names}, {"ok", true}});
   for (const auto& h : change.added) Event("host_added", {{"host", h}});
   for (const auto& h : change.removed) Event("host_removed", {{"host", h}});
+  for (const auto& h : change.changed) {
+    for (const auto& l : listed) {
+      if (l.host == h) Event("host_changed", {{"host", h}, {"slots", int64_t{l.slots}}});
+    }
+  }
   Log(Action::kInfo, fmt::format("hosts changed: +[{}] -[{}] ~[{}]", fmt::join(change.added, " "),
                                  fmt::join(change.removed, " "), fmt::join(change.changed, " ")));
   Replan("hosts changed");
@@ -805,9 +810,19 @@ void Policy::Progress() {
   }
   line += v.since_recovery < 0 ? ", no recovery yet"
                                : fmt::format(", last recovery {:.0f} s ago", v.since_recovery);
+  double rate = samples >= 0 && progress_samples_ >= 0 && now > progress_at_
+                    ? (samples - progress_samples_) / Secs(now - progress_at_)
+                    : -1;
   progress_samples_ = samples;
   progress_at_ = now;
   Log(Action::kInfo, line);
+  auto known = [](int64_t x) { return x >= 0 ? JsonValue(x) : JsonValue(); };
+  Event("progress", {{"round", formed_},
+                     {"size", int64_t(v.members.size())},
+                     {"step", known(step)},
+                     {"epoch", known(epoch)},
+                     {"samples", known(samples)},
+                     {"samples_per_second", rate >= 0 ? JsonValue(rate) : JsonValue()}});
 }
 
 void Policy::OnTimer() {

@@ -81,7 +81,8 @@ echo "localhost:2" >"$WORK/hosts"
 
 step "elastic run: elastic-run --min-np 2 --max-np 4 --host-discovery-script discover.sh (discovery lists localhost:2)"
 "$RUN" --min-np 2 --max-np 4 --host-discovery-script "$WORK/discover.sh" \
-  --host-failure-limit 0 --event-log "$WORK/events.jsonl" "${EXAMPLE[@]}" "${ARGS[@]}" "${SAVE_RUN[@]}" \
+  --host-failure-limit 0 --progress-interval 2 --event-log "$WORK/events.jsonl" \
+  "${EXAMPLE[@]}" "${ARGS[@]}" "${SAVE_RUN[@]}" \
   >"$WORK/job.out" 2>&1 &
 JOB=$!
 tail -n +1 -f "$WORK/job.out" --pid=$JOB | grep --line-buffered -v '<stderr>:.*\[worker\] \[info\]' &
@@ -120,6 +121,12 @@ for line in open(sys.argv[1]):
     elif e["event"] == "recovery_phase":
         print(f"  recovery {e['phase']:<10} took {e['duration']*1000:.1f} ms (in the workers)")
 PY
+if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
+  step "timeline picture (scripts/elastic-timeline)"
+  /usr/bin/python3 "$ROOT/scripts/elastic-timeline" "$WORK/events.jsonl" -o "$BUILD/demo-timeline.png" |
+    sed 's/^/  /'
+  echo "  the picture: $BUILD/demo-timeline.png"
+fi
 step "result"
 echo "  without faults: $REFERENCE"
 echo "  elastic run:    $RESULT"

@@ -72,6 +72,7 @@ INT, NUM, STR, BOOL, NULL, LIST = int, (int, float), str, bool, type(None), list
 EVENT_SCHEMA = {
     "discovery": {"ok": BOOL},
     "host_added": {"host": STR}, "host_removed": {"host": STR},
+    "host_changed": {"host": STR, "slots": INT},
     "host_blacklisted": {"host": STR, "cooldown": (int, float, NULL)},
     "waiting_for_hosts": {"available": INT, "needed": INT},
     "round_proposed": {"round": INT, "members": LIST, "removed": LIST, "reason": STR},
@@ -91,6 +92,11 @@ EVENT_SCHEMA = {
     "recovery_phase": {"phase": STR},
     "state_lost": {"round": INT, "newest_committed": INT, "members": LIST, "start_over": BOOL},
     "job_ending": {"code": INT, "message": STR}, "job_ended": {"code": INT, "message": STR},
+    "worker_hung": {"slot": STR, "rank": (int, NULL), "host": STR, "pid": INT, "step": INT,
+                    "reason": STR},
+    "round_hung": {"round": INT, "seconds": NUM},
+    "progress": {"round": INT, "size": INT, "step": (int, NULL), "epoch": (int, NULL),
+                 "samples": (int, NULL), "samples_per_second": (int, float, NULL)},
 }
 
 

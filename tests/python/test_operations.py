@@ -122,3 +122,49 @@ def test_status_finds_the_only_running_job(elastic_run, example, tmp_path):
         assert files == [f"{job.proc.pid}.json"], files
     finally:
         job.kill()
+
+
+TIMELINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+                        "elastic-timeline")
+
+
+def test_the_timeline_picture_marks_every_fault_of_a_real_log(elastic_run, example, tmp_path):
+    pytest.importorskip("matplotlib", reason="python3-matplotlib (scripts/setup-deps.sh)")
+    log = str(tmp_path / "events.jsonl")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:3\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    job = Job([elastic_run, "--min-np", "2", "--max-np", "4", "--host-discovery-script",
+               str(script), "--host-failure-limit", "0", "--progress-interval", "1",
+               "--event-log", log, example, "--epochs", "16", "--step-ms", "20"])
+    try:
+        job.wait_for(r"epoch 1 done")
+        os.kill(worker_pid(log, "localhost:2"), signal.SIGKILL)
+        job.wait_for(r"epoch 4 done")
+        hosts.write_text("localhost:4\n")  # a slot added
+        job.wait_for(r"epoch 8 done")
+        os.kill(worker_pid(log, "localhost:0"), signal.SIGKILL)
+        assert job.wait(timeout=180) == 0, job.text()
+    finally:
+        job.kill()
+    evs = events(log)
+    want = [e for e in evs if e["event"] in ("worker_hung", "worker_leaving", "host_added",
+                                             "host_removed", "host_changed", "host_blacklisted")
+            or (e["event"] == "worker_lost" and e.get("phase", "detect") == "detect")]
+    png = tmp_path / "timeline.png"
+    p = subprocess.run(["/usr/bin/python3", TIMELINE, log, "-o", str(png), "--size", "900x600"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout
+    head = png.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    assert int.from_bytes(head[16:20], "big") == 900 and int.from_bytes(head[20:24], "big") == 600
+    m = re.search(r"(\d+) rounds, (\d+) recoveries, (\d+) faults marked", p.stdout)
+    assert m, p.stdout
+    rounds = len([e for e in evs if e["event"] == "round_formed"])
+    assert (int(m.group(1)), int(m.group(3))) == (rounds, len(want)), (p.stdout, want)
+    assert len(want) >= 3 and int(m.group(2)) == 2, p.stdout  # two kills, one addition
+    bad = subprocess.run(["/usr/bin/python3", TIMELINE, log, "-o", str(png), "--size", "9"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert bad.returncode != 0 and "WIDTHxHEIGHT" in bad.stdout
