@@ -813,6 +813,10 @@ void Policy::Progress() {
   double rate = samples >= 0 && progress_samples_ >= 0 && now > progress_at_
                     ? (samples - progress_samples_) / Secs(now - progress_at_)
                     : -1;
+  double step_rate = step >= 0 && progress_step_ >= 0 && now > progress_at_
+                         ? (step - progress_step_) / Secs(now - progress_at_)
+                         : -1;
+  progress_step_ = step;
   progress_samples_ = samples;
   progress_at_ = now;
   Log(Action::kInfo, line);
@@ -822,7 +826,8 @@ void Policy::Progress() {
                      {"step", known(step)},
                      {"epoch", known(epoch)},
                      {"samples", known(samples)},
-                     {"samples_per_second", rate >= 0 ? JsonValue(rate) : JsonValue()}});
+                     {"samples_per_second", rate >= 0 ? JsonValue(rate) : JsonValue()},
+                     {"steps_per_second", step_rate >= 0 ? JsonValue(step_rate) : JsonValue()}});
 }
 
 void Policy::OnTimer() {

@@ -182,6 +182,7 @@ class Policy {
   TimePoint formed_at_{};           // when the newest formed round formed
   TimePoint next_progress_{};       // next progress line (after the first round forms)
   int64_t progress_samples_ = -1;   // samples at the last progress line
+  int64_t progress_step_ = -1;
   TimePoint progress_at_{};
   Duration longest_interval_{0};    // between two commits of a worker, per step
   bool finishing_ = false;

@@ -96,7 +96,8 @@ EVENT_SCHEMA = {
                     "reason": STR},
     "round_hung": {"round": INT, "seconds": NUM},
     "progress": {"round": INT, "size": INT, "step": (int, NULL), "epoch": (int, NULL),
-                 "samples": (int, NULL), "samples_per_second": (int, float, NULL)},
+                 "samples": (int, NULL), "samples_per_second": (int, float, NULL),
+                 "steps_per_second": (int, float, NULL)},
 }
 
 
