@@ -51,7 +51,8 @@ struct DriverOptions {
   std::string output_dir;
   std::string event_log;
   Duration grace = std::chrono::seconds(5);
-  // A formed round that commits nothing for this long has a hung member: it is named, its
+  // A formed round that makes no progress (no commit, no collective started) for this long
+  // has a hung member: it is named, its
   // stacks dumped, and it is killed. 0: the default, 10x the longest commit interval seen
   // (at least 60 s; 300 s before any is seen); a round's first commit gets twice as long.
   Duration hang_timeout{0};

@@ -136,9 +136,10 @@ int main(int argc, char** argv) {
                  "MIN MAX seconds a blacklisted host is kept out (permanent if absent)")
       ->expected(2);
   app.add_option("--hang-timeout", hang_timeout,
-                 "Seconds a formed round may go without a commit before the worker holding it "
-                 "up is named, its stacks dumped, and killed (default: 10x the longest commit "
-                 "interval seen, at least 60; 300 until one is seen)")
+                 "Seconds a formed round may go without progress (a commit or a collective) "
+                 "before the worker holding it up is named, its stacks dumped, and killed "
+                 "(default: 10x the longest commit interval seen, at least 60; 300 until one "
+                 "is seen)")
       ->check(kPositive);
   app.add_option("--liveness-timeout", liveness_timeout,
                  "Seconds a worker may not answer the driver (stopped, link down) before it is "

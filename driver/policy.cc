@@ -342,6 +342,9 @@ void Policy::OnReport(const rendezvous::Report& r) {
   auto it = workers_.find(r.slot);
   if (it == workers_.end()) return;
   Worker& w = it->second;
+  // Collectives started count as progress too: a program that never commits but keeps
+  // running collectives is not hung.
+  if (r.round == w.heard_round && r.collectives != w.collectives) w.moved_at = Now();
   w.heard_at = Now();
   w.heard_round = r.round;
   w.collectives = r.collectives;
@@ -655,7 +658,7 @@ void Policy::CheckHang() {
   for (const auto& slot : formed_members_) {
     const Worker& w = workers_.at(slot);
     if (w.commit_at >= formed_at_ && w.commit_at != TimePoint{}) committed = true;
-    progress = std::max(progress, w.commit_at);
+    progress = std::max({progress, w.commit_at, w.moved_at});
   }
   Duration limit = HangTimeout() * (committed ? 1 : 2);
   if (now - progress < limit) return;

@@ -133,6 +133,7 @@ class Policy {
     int64_t logged_round = -1;  // the round of its last `committed` event
     // From its newest report of any kind (a heartbeat comes every second).
     TimePoint heard_at{};
+    TimePoint moved_at{};  // when its count of collectives last changed
     int64_t heard_round = -1;
     int64_t collectives = 0;
     bool in_collective = false;

@@ -531,6 +531,28 @@ TEST_CASE("policy: a member idle while its peers wait in a collective is named h
   CHECK(Of(job.Take(), Action::kProposeRound).empty());
 }
 
+TEST_CASE("policy: a round that runs collectives but never commits is not hung", "[unit]") {
+  DriverOptions d = Static({{"a", 2}}, 2, 1);
+  d.elastic = true;
+  d.hang_timeout = seconds(3);
+  Job job(d);
+  job.policy->Start(d.hosts);
+  job.Take();
+  job.Form(0, {"a:0", "a:1"});
+  for (int64_t n = 1; n <= 10; ++n) {
+    job.Pass(1, 0, {{"a:0", {n, n % 2 == 0}}, {"a:1", {n, false}}});
+  }
+  auto a = job.Take();
+  CHECK(Events(a, "worker_hung").empty());
+  CHECK(Events(a, "round_hung").empty());
+  // Then the counts stop moving: after 2 x 3 s (no commit in the round yet) it is.
+  job.Pass(7, 0, {{"a:0", {10, true}}, {"a:1", {10, false}}});
+  a = job.Take();
+  auto hung = Events(a, "worker_hung");
+  REQUIRE(hung.size() == 1);
+  CHECK(std::get<std::string>(*Field(*hung[0], "slot")) == "a:1");
+}
+
 TEST_CASE("policy: a silent member is named hung before one that waits", "[unit]") {
   DriverOptions d = Static({{"a", 2}}, 2, 1);
   d.elastic = true;
