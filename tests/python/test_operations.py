@@ -168,3 +168,58 @@ def test_the_timeline_picture_marks_every_fault_of_a_real_log(elastic_run, examp
     bad = subprocess.run(["/usr/bin/python3", TIMELINE, log, "-o", str(png), "--size", "9"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
     assert bad.returncode != 0 and "WIDTHxHEIGHT" in bad.stdout
+
+
+DISCOVERY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+                         "discovery")
+PODS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "kubectl_pods.json")
+
+
+def kubectl_stand_in(tmp_path):
+    # No cluster runs here: a `kubectl` on PATH that checks its arguments and prints a pod list
+    # in the shape of `kubectl get pods -o json` (a v1 List of Pods; written for this test from
+    # the API's schema, not recorded from a cluster), and logs how it was called.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    kubectl = bin_dir / "kubectl"
+    kubectl.write_text(f"""#!/bin/sh
+echo "$@" >> {tmp_path}/kubectl.calls
+[ "$1 $2" = "get pods" ] || {{ echo "unexpected: $*" >&2; exit 1; }}
+cat {PODS}
+""")
+    kubectl.chmod(0o755)
+    return dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+
+
+def test_the_kubernetes_script_keeps_ready_running_pods(tmp_path):
+    env = kubectl_stand_in(tmp_path)
+    p = subprocess.run([os.path.join(DISCOVERY, "kubernetes.py"), "-l", "app=trainer", "-n",
+                        "ml"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["trainer-0:2", "trainer-1:1"]
+    assert (tmp_path / "kubectl.calls").read_text().split() == [
+        "get", "pods", "-l", "app=trainer", "-o", "json", "-n", "ml"]
+
+
+def test_elastic_run_follows_the_pods_the_kubernetes_script_lists(elastic_run, test_worker,
+                                                                  tmp_path):
+    # The pods are names only here: the launcher template runs their workers on this machine.
+    env = kubectl_stand_in(tmp_path)
+    rc, out = run([elastic_run, "--min-np", "3", "--host-discovery-script",
+                   f"{DISCOVERY}/kubernetes.py -l app=trainer", "--driver-address", "127.0.0.1",
+                   "--launcher-template", "sh -c {command}", test_worker, "collectives"],
+                  env=env, timeout=120)
+    assert rc == 0, out
+    assert "round 0: 3 worker(s) [trainer-0:0 trainer-0:1 trainer-1:0]" in out, out
+
+
+def test_the_hosts_file_script(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# the trainers\nnode1:4\nnode2\n")
+    p = subprocess.run([os.path.join(DISCOVERY, "hostsfile.sh"), str(hosts)],
+                       stdout=subprocess.PIPE, text=True, timeout=30)
+    assert p.returncode == 0 and "node1:4" in p.stdout
+    p = subprocess.run([os.path.join(DISCOVERY, "hostsfile.sh"), str(tmp_path / "none")],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30)
+    assert p.returncode == 1 and "cannot read" in p.stdout
