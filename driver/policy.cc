@@ -62,6 +62,21 @@ TimePoint Policy::NextDeadline() const {
     if (w.running) next = std::min(next, w.lost_at);
   }
   if (!shutting_down_) next = std::min(next, hosts_.NextCooldownEnd());
+  // Hang checks: when the round's progress runs out, and when a member would count as silent
+  // (future times only: one that passed was checked already).
+  if (!shutting_down_ && !finishing_ && started_ && round_ == formed_) {
+    TimePoint now = Now();
+    auto consider = [&](TimePoint t) {
+      if (t > now) next = std::min(next, t);
+    };
+    TimePoint progress = formed_at_;
+    for (const auto& slot : formed_members_) {
+      const Worker& w = workers_.at(slot);
+      progress = std::max({progress, w.commit_at, w.moved_at});
+      consider(w.heard_at + std::chrono::seconds(2) + std::chrono::milliseconds(1));
+    }
+    consider(progress + HangTimeout());
+  }
   return next;
 }
 
@@ -344,7 +359,15 @@ void Policy::OnReport(const rendezvous::Report& r) {
   Worker& w = it->second;
   // Collectives started count as progress too: a program that never commits but keeps
   // running collectives is not hung.
-  if (r.round == w.heard_round && r.collectives != w.collectives) w.moved_at = Now();
+  if (r.round == w.heard_round && r.collectives != w.collectives) {
+    // Dated by when the worker says it last started one, not by when the report came.
+    TimePoint when = Now();
+    if (r.since_collective >= 0) {
+      when -= std::chrono::duration_cast<Duration>(
+          std::chrono::duration<double>(std::min(r.since_collective, 1e6)));
+    }
+    w.moved_at = std::max(w.moved_at, when);
+  }
   w.heard_at = Now();
   w.heard_round = r.round;
   w.collectives = r.collectives;
@@ -670,7 +693,7 @@ void Policy::CheckHang() {
     Worker& w = workers_.at(slot);
     bool current = w.heard_round == formed_;
     all.push_back(&w);
-    if (now - w.heard_at > std::chrono::seconds(3)) {
+    if (now - w.heard_at > std::chrono::seconds(2)) {  // two heartbeats missed
       silent.push_back(&w);
     } else if (!current || !w.in_collective) {
       idle.push_back(&w);
@@ -684,7 +707,7 @@ void Policy::CheckHang() {
   std::string why;
   if (!silent.empty()) {
     culprits = silent;
-    why = "is silent (no report for over 3 s)";
+    why = "is silent (no report for over 2 s)";
   } else if (!idle.empty() && idle.size() < all.size()) {
     culprits = idle;
     why = "is not in a collective while its peers wait in one";
@@ -696,6 +719,9 @@ void Policy::CheckHang() {
                                  formed_, Secs(now - progress), Secs(HangTimeout()),
                                  committed ? "" : ", doubled before the round's first commit");
   if (culprits.empty()) {
+    // No member stands out yet. A stopped one goes silent within a few seconds: wait for that
+    // before deciding that the whole round hangs.
+    if (now - progress < limit + std::chrono::seconds(3)) return;
     // No member stands out (all wait in the same collective): the round is re-formed.
     Log(Action::kWarn, span + "; no member stands out; aborting the round and re-forming");
     Event("round_hung", {{"round", formed_}, {"seconds", Secs(now - progress)}});

@@ -56,6 +56,7 @@ void ToProto(const Report& r, v1::ReportRequest* out) {
   out->set_in_collective(r.in_collective);
   out->set_stack_signal(r.stack_signal);
   out->set_epoch_size(r.epoch_size);
+  out->set_since_collective(r.since_collective);
 }
 
 bool FromProto(const v1::ReportRequest& r, Report* out) {
@@ -76,6 +77,7 @@ bool FromProto(const v1::ReportRequest& r, Report* out) {
   out->in_collective = r.in_collective();
   out->stack_signal = r.stack_signal();
   out->epoch_size = r.epoch_size();
+  out->since_collective = r.since_collective();
   return true;
 }
 

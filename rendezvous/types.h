@@ -77,6 +77,7 @@ struct Report {
   bool in_collective = false;  // every kind: one is running now
   int stack_signal = 0;        // what makes the worker print its stacks (0: none)
   int64_t epoch_size = -1;     // kCommitted: samples in an epoch; -1 when unknown
+  double since_collective = -1;  // every kind: seconds since it last started a collective
 };
 
 // Ranks, local and cross ranks (by host, in rank order) for `members` in rank order; every

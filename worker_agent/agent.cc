@@ -278,6 +278,11 @@ void Agent::SendReport(rendezvous::Report r) {
     if (comm_) {
       r.collectives = static_cast<int64_t>(comm_->collectives_started());
       r.in_collective = comm_->in_collective();
+      if (r.collectives > 0) {
+        r.since_collective = std::chrono::duration<double>(SteadyClock::now() -
+                                                           comm_->last_collective_start())
+                                 .count();
+      }
     }
   }
   if (const char* sig = std::getenv("ELASTIC_STACK_SIGNAL")) r.stack_signal = std::atoi(sig);

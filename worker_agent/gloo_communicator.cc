@@ -355,6 +355,7 @@ void GlooCommunicator::Guard(const char* what, std::function<void()> fn) {
   };
   if (aborted_.load()) throw lost("the communicator was aborted (a peer is gone)");
   started_.fetch_add(1);
+  last_start_.store(SteadyClock::now().time_since_epoch().count());
   running_.store(true);
   struct Done {
     std::atomic<bool>& running;

@@ -72,6 +72,10 @@ class GlooCommunicator : public Communicator {
   // and whether one is running now.
   uint64_t collectives_started() const { return started_.load(); }
   bool in_collective() const { return running_.load(); }
+  // When the last collective started (steady clock; the epoch when none has).
+  TimePoint last_collective_start() const {
+    return TimePoint(Duration(last_start_.load()));
+  }
 
  private:
   struct Executor;
@@ -95,6 +99,7 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<Executor> exec_;  // started on the first collective
   std::atomic<uint64_t> started_{0};
   std::atomic<bool> running_{false};
+  std::atomic<Duration::rep> last_start_{0};
 };
 
 }  // namespace elastic::worker_agent
