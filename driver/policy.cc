@@ -274,6 +274,9 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
   }
   if (w.dropped) {  // the driver gave up on it already (failed, hung, lost, no join)
     Log(Action::kInfo, fmt::format("worker {} (slot {}) is gone: {}", rank, slot, how));
+    // Its slot is free again: a job waiting for slots (the hung worker was killed after the
+    // re-plan) can use it now.
+    Replan("slot " + slot + " is free");
     return;
   }
   if (w.removed || !IsMember(slot)) {

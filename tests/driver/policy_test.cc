@@ -531,6 +531,33 @@ TEST_CASE("policy: a member idle while its peers wait in a collective is named h
   CHECK(Of(job.Take(), Action::kProposeRound).empty());
 }
 
+TEST_CASE("policy: the slot of a killed hung worker is used again once its process is gone",
+          "[unit]") {
+  // Found by the soak (seed 98094788): the hung worker was still running when the job
+  // re-planned (below --min-np, waiting), and its exit re-planned nothing: the job waited
+  // for an unrelated host change.
+  DriverOptions d = Static({{"a", 2}}, 2, 2);
+  d.elastic = true;
+  d.host_failure_limit = 0;
+  d.hang_timeout = seconds(3);
+  Job job(d);
+  job.policy->Start(d.hosts);
+  job.Take();
+  job.Form(0, {"a:0", "a:1"});
+  for (const char* s : {"a:0", "a:1"}) job.Commit(s, 0, 1);
+  job.Pass(4, 0, {{"a:0", {9, true}}});  // a:1 silent
+  auto a = job.Take();
+  REQUIRE(Events(a, "worker_hung").size() == 1);
+  CHECK(Events(a, "waiting_for_hosts").size() == 1);  // a:1's process is still going away
+  CHECK(Of(a, Action::kLaunch).empty());
+  job.policy->OnExit("a:1", 137, "signal 9");
+  a = job.Take();
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(Members(*proposals[0]) == std::vector<std::string>{"a:0", "a:1"});
+  CHECK(Slots(a, Action::kLaunch) == std::vector<std::string>{"a:1"});
+}
+
 TEST_CASE("policy: a round that runs collectives but never commits is not hung", "[unit]") {
   DriverOptions d = Static({{"a", 2}}, 2, 1);
   d.elastic = true;
