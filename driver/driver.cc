@@ -32,8 +32,6 @@ void BlockDriverSignals() {
 
 namespace internal {
 
-double Secs(Duration d) { return std::chrono::duration<double>(d).count(); }
-
 std::string RandomToken() {
   unsigned char bytes[24];
   FILE* f = fopen("/dev/urandom", "rb");
@@ -354,22 +352,13 @@ void Driver::Perform() {
           log_.Write(a.name, a.fields);
           monitor_.OnEvent(a.name, a.fields);
           break;
-        case Action::kLog:
-          switch (a.level) {
-            case Action::kDebug:
-              spdlog::debug("{}", a.message);
-              break;
-            case Action::kInfo:
-              spdlog::info("{}", a.message);
-              break;
-            case Action::kWarn:
-              spdlog::warn("{}", a.message);
-              break;
-            case Action::kError:
-              spdlog::error("{}", a.message);
-              break;
-          }
+        case Action::kLog: {
+          static constexpr spdlog::level::level_enum kLevels[] = {
+              spdlog::level::debug, spdlog::level::info, spdlog::level::warn,
+              spdlog::level::err};
+          spdlog::log(kLevels[a.level], "{}", a.message);
           break;
+        }
       }
     }
   }

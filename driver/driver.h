@@ -40,7 +40,6 @@ struct DriverOptions {
   // the program's initial state.
   bool start_over_if_state_lost = false;
 
-  std::string bind_address = "0.0.0.0";
   int port = 0;
   std::string driver_address;  // host workers dial; default: 127.0.0.1 for local jobs
   std::string network_interface;

@@ -28,7 +28,6 @@ namespace elastic::driver::internal {
 
 using discovery::HostSlots;
 
-double Secs(Duration d);
 bool IsLocalHost(const std::string& host);
 
 struct Posted {

@@ -69,13 +69,11 @@ TimePoint Policy::NextDeadline() const {
     auto consider = [&](TimePoint t) {
       if (t > now) next = std::min(next, t);
     };
-    TimePoint progress = formed_at_;
     for (const auto& slot : formed_members_) {
-      const Worker& w = workers_.at(slot);
-      progress = std::max({progress, w.commit_at, w.moved_at});
-      consider(w.heard_at + std::chrono::seconds(2) + std::chrono::milliseconds(1));
+      consider(workers_.at(slot).heard_at + kSilence + std::chrono::milliseconds(1));
     }
-    consider(progress + HangTimeout());
+    RoundProgress p = CurrentProgress();
+    consider(p.at + p.limit);
   }
   return next;
 }
@@ -90,26 +88,10 @@ void Policy::Start(const std::vector<discovery::HostSlots>& hosts) {
   Replan("start");
 }
 
-bool Policy::CanEverReach(size_t need) const {
-  if (!d_.discovery_script.empty()) return true;  // a host may be listed later
-  // Static hosts: every slot of a host that is not blacklisted for good, whether its cooldown
-  // ends later or its old process is still going away.
+PlanInput Policy::MakePlanInput(std::vector<discovery::HostSlots> available) const {
   PlanInput in;
   in.listed = last_listed_;
-  in.available = hosts_.AvailableEventually();
-  in.host_order = last_listed_order_;
-  in.max_np = d_.max_np > 0 ? static_cast<size_t>(d_.max_np) : 0;
-  for (const auto& [slot, w] : workers_) {
-    if (w.running && !w.dropped && !w.removed && !w.leaving) in.alive.insert(slot);
-  }
-  return PlanMembers(in).size() >= need;
-}
-
-void Policy::Replan(const std::string& reason) {
-  if (shutting_down_ || finishing_) return;
-  PlanInput in;
-  in.listed = last_listed_;
-  in.available = hosts_.Available();
+  in.available = std::move(available);
   in.host_order = last_listed_order_;
   in.max_np = d_.max_np > 0 ? static_cast<size_t>(d_.max_np) : 0;
   for (const auto& [slot, w] : workers_) {
@@ -120,6 +102,21 @@ void Policy::Replan(const std::string& reason) {
       in.busy.insert(slot);
     }
   }
+  return in;
+}
+
+bool Policy::CanEverReach(size_t need) const {
+  if (!d_.discovery_script.empty()) return true;  // a host may be listed later
+  // Static hosts: every slot of a host that is not blacklisted for good, whether its cooldown
+  // ends later or its old process is still going away.
+  PlanInput in = MakePlanInput(hosts_.AvailableEventually());
+  in.busy.clear();
+  return PlanMembers(in).size() >= need;
+}
+
+void Policy::Replan(const std::string& reason) {
+  if (shutting_down_ || finishing_) return;
+  PlanInput in = MakePlanInput(hosts_.Available());
   auto alive = [&](const std::string& slot) { return in.alive.count(slot) > 0; };
   std::vector<std::string> plan = PlanMembers(in);
   size_t need = static_cast<size_t>(started_ ? d_.min_np : d_.np);
@@ -670,6 +667,18 @@ void Policy::Terminate(int code, const std::string& message) {
   }
 }
 
+Policy::RoundProgress Policy::CurrentProgress() const {
+  RoundProgress p;
+  p.at = formed_at_;
+  for (const auto& slot : formed_members_) {
+    const Worker& w = workers_.at(slot);
+    if (w.commit_at >= formed_at_ && w.commit_at != TimePoint{}) p.committed = true;
+    p.at = std::max({p.at, w.commit_at, w.moved_at});
+  }
+  p.limit = HangTimeout() * (p.committed ? 1 : 2);
+  return p;
+}
+
 Duration Policy::HangTimeout() const {
   if (d_.hang_timeout > Duration::zero()) return d_.hang_timeout;
   if (longest_interval_ == Duration::zero()) return std::chrono::seconds(300);
@@ -679,14 +688,10 @@ Duration Policy::HangTimeout() const {
 void Policy::CheckHang() {
   if (shutting_down_ || finishing_ || !started_ || round_ != formed_) return;
   TimePoint now = Now();
-  TimePoint progress = formed_at_;
-  bool committed = false;
-  for (const auto& slot : formed_members_) {
-    const Worker& w = workers_.at(slot);
-    if (w.commit_at >= formed_at_ && w.commit_at != TimePoint{}) committed = true;
-    progress = std::max({progress, w.commit_at, w.moved_at});
-  }
-  Duration limit = HangTimeout() * (committed ? 1 : 2);
+  const RoundProgress p = CurrentProgress();
+  const TimePoint progress = p.at;
+  const bool committed = p.committed;
+  const Duration limit = p.limit;
   if (now - progress < limit) return;
   // Who holds the round up: a member that has gone silent; else one that is not in a
   // collective while others wait in one; else those that started fewer collectives.
@@ -696,7 +701,7 @@ void Policy::CheckHang() {
     Worker& w = workers_.at(slot);
     bool current = w.heard_round == formed_;
     all.push_back(&w);
-    if (now - w.heard_at > std::chrono::seconds(2)) {  // two heartbeats missed
+    if (now - w.heard_at > kSilence) {
       silent.push_back(&w);
     } else if (!current || !w.in_collective) {
       idle.push_back(&w);

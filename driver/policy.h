@@ -18,6 +18,7 @@
 #include "discovery/discovery.h"
 #include "driver/driver.h"
 #include "driver/event_log.h"
+#include "driver/plan.h"
 #include "rendezvous/types.h"
 
 namespace elastic::driver {
@@ -161,6 +162,18 @@ class Policy {
   void RecordHostFailure(const Worker& w, const std::string& what);
   // Whether `need` workers could ever run again without a new host being listed.
   bool CanEverReach(size_t need) const;
+  // The planner's view of the hosts (`available` of them) and of the workers.
+  PlanInput MakePlanInput(std::vector<discovery::HostSlots> available) const;
+  // The formed round's progress: its last commit or collective started (or its forming), and
+  // how long it may go without (the hang timeout, doubled before its first commit).
+  struct RoundProgress {
+    TimePoint at{};
+    bool committed = false;
+    Duration limit{};
+  };
+  RoundProgress CurrentProgress() const;
+  // A member with no report for this long is silent (heartbeats come every second).
+  static constexpr Duration kSilence = std::chrono::seconds(2);
   bool IsMember(const std::string& slot) const;
   void Log(Action::Level level, std::string message);
   void Event(std::string name, JsonFields fields);

@@ -52,6 +52,12 @@ struct Job {
     f.newest_committed = f.version;
     policy->OnRoundFormed(f);
   }
+  // Starts the job on `hosts` and forms round 0 with `members`.
+  void StartFormed(const std::vector<HostSlots>& hosts, std::vector<std::string> members) {
+    policy->Start(hosts);
+    Take();
+    Form(0, std::move(members));
+  }
   void Commit(const std::string& slot, int64_t round, int64_t step) {
     rendezvous::Report r;
     r.slot = slot;
@@ -180,9 +186,7 @@ TEST_CASE("policy: a host in cooldown can come back, so the job waits for it", "
   d.cooldown_min = seconds(1);
   d.cooldown_max = seconds(8);
   Job job(d);
-  job.policy->Start({{"localhost", 2}});
-  job.Take();
-  job.Form(0, {"localhost:0", "localhost:1"});
+  job.StartFormed({{"localhost", 2}}, {"localhost:0", "localhost:1"});
   job.policy->OnExit("localhost:0", 1, "exit status 1");
   auto a = job.Take();
   CHECK_FALSE(job.policy->shutting_down());
@@ -284,9 +288,7 @@ TEST_CASE("policy bug 4: a proposal that lost a member below the minimum is with
 TEST_CASE("policy bug 8: a rank that stops while its peers go on ends the job with a reason",
           "[unit]") {
   Job job(Static({{"localhost", 3}}, 3, 1));
-  job.policy->Start({{"localhost", 3}});
-  job.Take();
-  job.Form(0, {"localhost:0", "localhost:1", "localhost:2"});
+  job.StartFormed({{"localhost", 3}}, {"localhost:0", "localhost:1", "localhost:2"});
   for (const char* s : {"localhost:0", "localhost:1", "localhost:2"}) job.Commit(s, 0, 5);
   SECTION("a peer commits a later step") {
     job.policy->OnExit("localhost:0", 0, "exit status 0");
@@ -304,9 +306,7 @@ TEST_CASE("policy bug 8: a rank that stops while its peers go on ends the job wi
 
 TEST_CASE("policy bug 9: a line carries the rank of the round the worker is in", "[unit]") {
   Job job(Static({{"a", 3}}, 3, 1));
-  job.policy->Start({{"a", 3}});
-  job.Take();
-  job.Form(0, {"a:0", "a:1", "a:2"});
+  job.StartFormed({{"a", 3}}, {"a:0", "a:1", "a:2"});
   CHECK(job.policy->Label("a:2") == "2");
   job.policy->OnExit("a:0", 1, "exit status 1");
   auto a = job.Take();
@@ -321,9 +321,7 @@ TEST_CASE("policy bug 9: a line carries the rank of the round the worker is in",
 
 TEST_CASE("policy: worker_exited has the slot and a numeric rank", "[unit]") {
   Job job(Static({{"a", 2}}, 2, 2));
-  job.policy->Start({{"a", 2}});
-  job.Take();
-  job.Form(0, {"a:1", "a:0"});
+  job.StartFormed({{"a", 2}}, {"a:1", "a:0"});
   job.policy->OnExit("a:0", 0, "exit status 0");
   auto a = job.Take();
   auto exited = Events(a, "worker_exited");
@@ -387,9 +385,7 @@ TEST_CASE("policy: discovery grows the job up to --max-np; a smaller host drops 
   d.max_np = 3;
   d.elastic = true;
   Job job(d);
-  job.policy->Start({{"a", 2}});
-  job.Take();
-  job.Form(0, {"a:0", "a:1"});
+  job.StartFormed({{"a", 2}}, {"a:0", "a:1"});
   job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 2}, {"b", 4}}, {});
   auto a = job.Take();
   auto proposals = Of(a, Action::kProposeRound);
@@ -437,9 +433,7 @@ TEST_CASE("policy: a remote worker whose Watch breaks is killed unless it comes 
           "[unit]") {
   DriverOptions d = Static({{"r", 2}}, 2, 1);
   Job job(d, [](const std::string& host) { return host != "r"; });
-  job.policy->Start(d.hosts);
-  job.Take();
-  job.Form(0, {"r:0", "r:1"});
+  job.StartFormed(d.hosts, {"r:0", "r:1"});
   job.policy->OnWatch("r:0", false);
   job.policy->OnWatch("r:1", false);
   job.policy->OnWatch("r:1", true);
@@ -465,9 +459,7 @@ TEST_CASE("policy: state lost fails the job and says how to start over", "[unit]
 TEST_CASE("policy: a member that leaves its round on its own makes its peers re-form",
           "[unit]") {
   Job job(Static({{"a", 3}}, 3, 1));
-  job.policy->Start({{"a", 3}});
-  job.Take();
-  job.Form(0, {"a:0", "a:1", "a:2"});
+  job.StartFormed({{"a", 3}}, {"a:0", "a:1", "a:2"});
   job.policy->OnMemberLeft(0, "a:1");
   auto a = job.Take();
   auto publish = Of(a, Action::kPublish);
@@ -504,9 +496,7 @@ TEST_CASE("policy: a member idle while its peers wait in a collective is named h
   d.elastic = true;
   d.hang_timeout = seconds(3);
   Job job(d);
-  job.policy->Start(d.hosts);
-  job.Take();
-  job.Form(0, {"a:0", "a:1", "a:2"});
+  job.StartFormed(d.hosts, {"a:0", "a:1", "a:2"});
   for (const char* s : {"a:0", "a:1", "a:2"}) job.Commit(s, 0, 1);
   // Before the first commit window passes: nothing.
   job.Pass(2, 0, {{"a:0", {5, true}}, {"a:1", {4, false}}, {"a:2", {5, true}}});
@@ -541,9 +531,7 @@ TEST_CASE("policy: the slot of a killed hung worker is used again once its proce
   d.host_failure_limit = 0;
   d.hang_timeout = seconds(3);
   Job job(d);
-  job.policy->Start(d.hosts);
-  job.Take();
-  job.Form(0, {"a:0", "a:1"});
+  job.StartFormed(d.hosts, {"a:0", "a:1"});
   for (const char* s : {"a:0", "a:1"}) job.Commit(s, 0, 1);
   job.Pass(4, 0, {{"a:0", {9, true}}});  // a:1 silent
   auto a = job.Take();
@@ -563,9 +551,7 @@ TEST_CASE("policy: a round that runs collectives but never commits is not hung",
   d.elastic = true;
   d.hang_timeout = seconds(3);
   Job job(d);
-  job.policy->Start(d.hosts);
-  job.Take();
-  job.Form(0, {"a:0", "a:1"});
+  job.StartFormed(d.hosts, {"a:0", "a:1"});
   for (int64_t n = 1; n <= 10; ++n) {
     job.Pass(1, 0, {{"a:0", {n, n % 2 == 0}}, {"a:1", {n, false}}});
   }
@@ -585,9 +571,7 @@ TEST_CASE("policy: a silent member is named hung before one that waits", "[unit]
   d.elastic = true;
   d.hang_timeout = seconds(5);
   Job job(d);
-  job.policy->Start(d.hosts);
-  job.Take();
-  job.Form(0, {"a:0", "a:1"});
+  job.StartFormed(d.hosts, {"a:0", "a:1"});
   for (const char* s : {"a:0", "a:1"}) job.Commit(s, 0, 1);
   job.Pass(6, 0, {{"a:0", {9, true}}});  // a:1 sends nothing (stopped)
   auto a = job.Take();
@@ -603,9 +587,7 @@ TEST_CASE("policy: when no member stands out the hung round is aborted and re-fo
   d.elastic = true;
   d.hang_timeout = seconds(3);
   Job job(d);
-  job.policy->Start(d.hosts);
-  job.Take();
-  job.Form(0, {"a:0", "a:1"});
+  job.StartFormed(d.hosts, {"a:0", "a:1"});
   for (const char* s : {"a:0", "a:1"}) job.Commit(s, 0, 1);
   // Nobody stands out: the driver waits 3 s more for a member to go silent, then aborts.
   job.Pass(5, 0, {{"a:0", {9, true}}, {"a:1", {9, true}}});
@@ -628,9 +610,7 @@ TEST_CASE("policy: the default hang timeout follows the commit interval, with a 
   DriverOptions d = Static({{"a", 2}}, 2, 1);
   d.elastic = true;
   Job job(d);
-  job.policy->Start(d.hosts);
-  job.Take();
-  job.Form(0, {"a:0", "a:1"});
+  job.StartFormed(d.hosts, {"a:0", "a:1"});
   std::map<std::string, std::pair<int64_t, bool>> waiting = {{"a:0", {9, true}},
                                                               {"a:1", {8, false}}};
   // A first step of 100 s: before any interval is known the limit is 300 s (doubled before
@@ -658,9 +638,7 @@ TEST_CASE("policy: a local worker whose Watch stays broken is lost, named and du
   d.hang_timeout = seconds(1000);
   d.liveness_timeout = seconds(6);
   Job job(d);
-  job.policy->Start(d.hosts);
-  job.Take();
-  job.Form(0, {"a:0", "a:1"});
+  job.StartFormed(d.hosts, {"a:0", "a:1"});
   job.policy->OnWatch("a:1", false);
   job.Pass(1, 0, {{"a:0", {1, true}}, {"a:1", {1, false}}});
   CHECK(Events(job.Take(), "worker_hung").empty());
