@@ -17,7 +17,8 @@ generator:
   stop          SIGSTOP of a member, never continued: a hung worker the driver must find
                 (--liveness-timeout), name and kill
 Faults that take a worker away wait until the job has recovered from the previous one (a
-commit in a newer round), so that some worker always holds the committed state: losing every
+commit in a newer round), and so do removals after a stop (a stopped worker is found only
+after seconds), so that some worker always holds the committed state: losing every
 holder at once is a real loss, which the driver reports (state_lost), not one the soak should
 provoke.
 
@@ -155,6 +156,7 @@ class Soak:
         faults = collections.Counter()
         started = time.monotonic()
         gate_round = -1  # a destructive fault waits for a commit in a round newer than this
+        stop_pending = False  # the last destructive fault was a SIGSTOP
         restore_at = None
         try:
             while job.proc.poll() is None:
@@ -178,7 +180,10 @@ class Soak:
                                 for e in ev.all)
                 action = rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
                 destructive = action in ("kill", "kill-on-form", "leave", "stop")
-                if destructive and not recovered:
+                # A removal takes a worker (and the state it holds) away too: while a stopped
+                # worker is not yet found (seconds), removing the other holder would lose the
+                # state for real (seed 915124613); it waits for the recovery like the others.
+                if (destructive or (action == "remove" and stop_pending)) and not recovered:
                     continue
                 if action.startswith("disc-") and restore_at:
                     continue
@@ -187,6 +192,7 @@ class Soak:
                     faults[action] += 1
                     if destructive:
                         gate_round = ev.last("round_formed")["round"]
+                        stop_pending = action == "stop"
                     if action.startswith("disc-"):
                         restore_at = time.monotonic() + rng.uniform(1.0, 2.5)
             disc.set_mode("good")
