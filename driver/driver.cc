@@ -184,6 +184,7 @@ void Driver::Launch(Worker& w) {
                                             {"ELASTIC_SLOT", w.slot},
                                             {"ELASTIC_HOSTNAME", w.host},
                                             {"ELASTIC_IFACE", opts_.network_interface},
+                                            {"ELASTIC_BACKEND", opts_.backend},
                                             {"PYTHONUNBUFFERED", "1"}};
   LaunchSpec spec;
   spec.env = env;

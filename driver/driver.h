@@ -43,6 +43,7 @@ struct DriverOptions {
   int port = 0;
   std::string driver_address;  // host workers dial; default: 127.0.0.1 for local jobs
   std::string network_interface;
+  std::string backend = "auto";  // ELASTIC_BACKEND: gloo, nccl or auto
   std::string launcher = "ssh";
   int ssh_port = 0;               // 0: ssh's default
   std::string ssh_identity_file;  // "": ssh's default keys

@@ -164,6 +164,11 @@ int main(int argc, char** argv) {
                  "Address workers use to reach this driver (default: 127.0.0.1 for local jobs)");
   app.add_option("--network-interface", o.network_interface,
                  "Interface the workers' collectives bind to (ELASTIC_IFACE)");
+  app.add_option("--backend", o.backend,
+                 "Collectives on CUDA tensors: nccl, gloo, or auto (default: NCCL in workers "
+                 "that see a CUDA device, else Gloo). Gloo always carries the CPU traffic "
+                 "(ELASTIC_BACKEND)")
+      ->check(CLI::IsMember({"auto", "gloo", "nccl"}));
   app.add_option("--launcher", o.launcher, "How remote workers start: ssh")
       ->check(CLI::IsMember({"ssh"}));
   app.add_option("--ssh-port", o.ssh_port, "Port of the hosts' sshd (ssh launcher)")

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -46,6 +47,22 @@ std::string LocalAddressTowards(const std::string& driver_addr) {
 
 }  // namespace
 
+const char* BackendName(Backend b) {
+  switch (b) {
+    case Backend::kGloo: return "gloo";
+    case Backend::kNccl: return "nccl";
+    case Backend::kAuto: return "auto";
+  }
+  return "?";
+}
+
+StatusOr<Backend> ParseBackend(const std::string& name) {
+  for (Backend b : {Backend::kGloo, Backend::kNccl, Backend::kAuto}) {
+    if (name == BackendName(b)) return b;
+  }
+  return InvalidArgument("unknown backend '" + name + "': use gloo, nccl or auto");
+}
+
 StatusOr<WorkerEnv> WorkerEnv::FromEnvironment() {
   WorkerEnv env;
   env.driver_addr = Env("ELASTIC_DRIVER_ADDR");
@@ -76,7 +93,38 @@ StatusOr<std::unique_ptr<Agent>> Agent::Create(WorkerEnv env, AgentOptions optio
   if (options.gloo.iface.empty() && options.gloo.hostname.empty()) {
     options.gloo.hostname = LocalAddressTowards(env.driver_addr);
   }
+  if (!options.backend) {
+    std::string b = Env("ELASTIC_BACKEND");
+    if (b.empty()) b = "auto";
+    auto parsed = ParseBackend(b);
+    if (!parsed.ok()) return parsed.status().WithContext("ELASTIC_BACKEND");
+    options.backend = *parsed;
+  }
+  if (Env("ELASTIC_NCCL_SHRINK") == "0") options.nccl_shrink = false;
+  // The backend: NCCL when asked (it must load and see a device), or under auto when it can.
+  Backend backend = Backend::kGloo;
+  std::shared_ptr<worker_agent::NcclApi> nccl_api;
+  if (*options.backend != Backend::kGloo) {
+    const bool required = *options.backend == Backend::kNccl;
+    auto api = worker_agent::LoadNcclApi();
+    int devices = 0;
+    Status why = api.ok() ? (*api)->DeviceCount(&devices) : api.status();
+    if (why.ok() && devices == 0) why = FailedPrecondition("no CUDA device is visible");
+    if (why.ok()) {
+      backend = Backend::kNccl;
+      nccl_api = *api;
+      spdlog::info("backend: NCCL {} on {} visible CUDA device(s), Gloo beside it",
+                   (*api)->version(), devices);
+    } else if (required) {
+      return FailedPrecondition("--backend nccl: " + why.message() +
+                                " (use --backend auto or gloo on machines without GPUs)");
+    } else {
+      spdlog::debug("backend auto: Gloo ({})", why.message());
+    }
+  }
   std::unique_ptr<Agent> agent(new Agent(std::move(env), std::move(options)));
+  agent->backend_ = backend;
+  agent->nccl_api_ = std::move(nccl_api);
   rendezvous::ClientOptions co;
   co.address = agent->env_.driver_addr;
   co.token = agent->env_.token;
@@ -91,6 +139,8 @@ Agent::~Agent() {
   StopWatch();
   std::lock_guard<std::mutex> g(comm_mu_);
   comm_.reset();
+  nccl_.reset();
+  nccl_parent_.reset();
 }
 
 void Agent::StopWatch() {
@@ -198,12 +248,15 @@ void Agent::OnEvent(const rendezvous::Event& e) {
         // Checked again under the lock: the training thread may have installed the next
         // round's communicator since, which this abort must not touch.
         if (comm_ && comm_round_ <= e.round) comm_->Abort();
+        if (nccl_ && nccl_round_ <= e.round) nccl_->Abort();
+        if (nccl_parent_) nccl_parent_->Abort();
       }
       break;
     case EventKind::kShutdown: {
       spdlog::info("driver: the job is shutting down");
       std::lock_guard<std::mutex> g(comm_mu_);
       if (comm_) comm_->Abort();
+      if (nccl_) nccl_->Abort();
       break;
     }
   }
@@ -249,8 +302,122 @@ StatusOr<bool> Agent::JoinNextRound(int64_t version) {
     // re-forms: the caller rolls back and joins again.
     return Status(Code::kAborted, connected.WithContext(round).message());
   }
+  if (backend_ == Backend::kNccl) {
+    Status built = BuildNccl(topo);
+    last_rebuild_ = SteadyClock::now() - rebuild_start;
+    if (!built.ok()) {
+      std::lock_guard<std::mutex> g(comm_mu_);
+      comm_.reset();
+      nccl_.reset();
+      // A host with too few GPUs is the user's to fix; anything else re-forms.
+      if (built.code() == Code::kFailedPrecondition) return built.WithContext(round);
+      return Status(Code::kAborted, built.WithContext(round).message());
+    }
+  }
   return true;
 }
+
+Status Agent::BuildNccl(const worker_agent::Topology& topo) {
+  using worker_agent::NcclCommunicator;
+  ASSIGN_OR_RETURN(int device, worker_agent::DeviceForLocalRank(
+                                   nccl_api_.get(), topo.local_rank, topo.local_size,
+                                   env_.hostname));
+  ASSIGN_OR_RETURN(auto made, NcclCommunicator::New(nccl_api_, topo, device, options_.nccl));
+  NcclCommunicator* next = made.get();
+  {
+    std::lock_guard<std::mutex> g(comm_mu_);
+    nccl_parent_ = std::move(nccl_);  // the previous round's, if any: the shrink parent
+    nccl_ = std::move(made);
+    nccl_round_ = assignment_.round;
+    if (aborted_round_.load() >= assignment_.round) nccl_->Abort();
+  }
+  TimePoint t0 = SteadyClock::now();
+  // Shrink when every member was in the same previous communicator and some of it is gone.
+  // Each member says (previous round, its NCCL rank there, that communicator's size) over
+  // Gloo, so every member takes the same decision.
+  struct Prev {
+    int64_t round = -1;
+    int32_t rank = -1;
+    int32_t size = 0;
+  } mine;
+  NcclCommunicator* parent = nccl_parent_.get();
+  if (options_.nccl_shrink && nccl_api_->has_shrink() && parent &&
+      (parent->phase() == NcclCommunicator::Phase::kReady ||
+       parent->phase() == NcclCommunicator::Phase::kRevoked)) {
+    mine = {last_nccl_round_, parent->nccl_rank(), parent->size()};
+  }
+  bool shrink = options_.nccl_shrink && nccl_api_->has_shrink();
+  std::vector<int> exclude, rank_of;
+  if (shrink) {
+    std::vector<std::vector<char>> all;
+    try {
+      all = comm_->Allgather(&mine, sizeof mine);
+    } catch (const WorkerLostError& e) {
+      return Aborted(std::string("agreeing on the NCCL rebuild: ") + e.what());
+    }
+    std::vector<Prev> prev(all.size());
+    for (size_t r = 0; r < all.size(); ++r) std::memcpy(&prev[r], all[r].data(), sizeof(Prev));
+    std::vector<bool> present(std::max(prev[0].size, 0), false);
+    for (const Prev& p : prev) {
+      if (p.round < 0 || p.round != prev[0].round || p.size != prev[0].size || p.rank < 0 ||
+          p.rank >= p.size || present[p.rank]) {
+        shrink = false;
+        break;
+      }
+      present[p.rank] = true;
+    }
+    if (shrink) {
+      for (int r = 0; r < prev[0].size; ++r) {
+        if (!present[r]) exclude.push_back(r);
+      }
+      shrink = !exclude.empty();
+      for (const Prev& p : prev) {  // NCCL numbers survivors in their old order
+        rank_of.push_back(static_cast<int>(
+            std::count(present.begin(), present.begin() + p.rank, true)));
+      }
+    }
+  }
+  const char* how = "init";
+  Status s;
+  if (shrink) {
+    how = "shrink";
+    s = next->ConnectByShrink(parent, exclude, rank_of);
+    // Every member falls back together when any shrink failed.
+    int32_t ok = s.ok() ? 1 : 0;
+    try {
+      comm_->Allreduce(&ok, 1, DataType::kI32, ReduceOp::kMin);
+    } catch (const WorkerLostError& e) {
+      return Aborted(std::string("agreeing on the NCCL shrink: ") + e.what());
+    }
+    if (!ok) {
+      spdlog::warn("NCCL shrink failed on some rank ({}); a fresh init instead",
+                   s.ok() ? "not this one" : s.message());
+      ASSIGN_OR_RETURN(auto fresh, NcclCommunicator::New(nccl_api_, topo, device, options_.nccl));
+      next = fresh.get();
+      std::lock_guard<std::mutex> g(comm_mu_);
+      nccl_ = std::move(fresh);
+      if (aborted_round_.load() >= assignment_.round) nccl_->Abort();
+      shrink = false;
+    }
+  }
+  if (!shrink) {
+    how = "init";
+    auto store = worker_agent::MakeRpcRoundStore(client_.get(), assignment_.round);
+    s = next->Connect(store.get());
+  }
+  {
+    std::lock_guard<std::mutex> g(comm_mu_);
+    nccl_parent_.reset();  // released with abort
+  }
+  if (!s.ok()) return s;
+  last_nccl_round_ = assignment_.round;
+  spdlog::info("NCCL communicator of round {} ({} ranks, device {}): {} in {:.1f} ms",
+               assignment_.round, topo.size, device, how,
+               std::chrono::duration<double, std::milli>(SteadyClock::now() - t0).count());
+  return Status();
+}
+
+worker_agent::NcclCommunicator* Agent::device_comm() { return nccl_.get(); }
 
 Communicator& Agent::comm() {
   if (!comm_) throw std::logic_error("Agent::comm() before a successful JoinNextRound()");
@@ -276,12 +443,17 @@ void Agent::SendReport(rendezvous::Report r) {
   {
     std::lock_guard<std::mutex> g(comm_mu_);
     if (comm_) {
+      // Collectives on either communicator count: a GPU job's steps are NCCL's.
+      TimePoint last = comm_->last_collective_start();
       r.collectives = static_cast<int64_t>(comm_->collectives_started());
       r.in_collective = comm_->in_collective();
+      if (nccl_ && nccl_round_ == comm_round_) {
+        r.collectives += static_cast<int64_t>(nccl_->collectives_started());
+        r.in_collective = r.in_collective || nccl_->in_collective();
+        if (nccl_->collectives_started() > 0) last = std::max(last, nccl_->last_collective_start());
+      }
       if (r.collectives > 0) {
-        r.since_collective = std::chrono::duration<double>(SteadyClock::now() -
-                                                           comm_->last_collective_start())
-                                 .count();
+        r.since_collective = std::chrono::duration<double>(SteadyClock::now() - last).count();
       }
     }
   }

@@ -20,6 +20,7 @@
 #include "rendezvous/types.h"
 #include "state/state.h"
 #include "worker_agent/gloo_communicator.h"
+#include "worker_agent/nccl_communicator.h"
 
 namespace elastic {
 
@@ -35,9 +36,23 @@ struct WorkerEnv {
   static StatusOr<WorkerEnv> FromEnvironment();
 };
 
+// Which communicator carries the device collectives. Gloo is always there (CPU tensors, the
+// commit agreement, CPU state sync); NCCL is added beside it for CUDA tensors.
+enum class Backend { kGloo, kNccl, kAuto };
+const char* BackendName(Backend b);
+// "gloo", "nccl" or "auto"; INVALID_ARGUMENT otherwise.
+StatusOr<Backend> ParseBackend(const std::string& name);
+
 struct AgentOptions {
   Duration join_timeout = std::chrono::seconds(600);
   worker_agent::GlooOptions gloo;
+  // Unset: ELASTIC_BACKEND (set by `elastic-run --backend`), else auto: NCCL when this process
+  // sees a CUDA device and NCCL loads, else Gloo alone.
+  std::optional<Backend> backend;
+  worker_agent::NcclOptions nccl;
+  // When a round only removes members, survivors shrink the NCCL communicator instead of a
+  // fresh init (ELASTIC_NCCL_SHRINK=0 turns it off).
+  bool nccl_shrink = true;
 };
 
 class Agent {
@@ -56,6 +71,10 @@ class Agent {
 
   const rendezvous::Assignment& assignment() const { return assignment_; }
   Communicator& comm();  // valid after a successful JoinNextRound
+  // The backend this worker resolved (kGloo or kNccl; never kAuto).
+  Backend backend() const { return backend_; }
+  // The NCCL communicator of the current round (device buffers), or nullptr under Gloo.
+  worker_agent::NcclCommunicator* device_comm();
   const WorkerEnv& env() const { return env_; }
 
   // True once the driver announced that the current round is changing.
@@ -91,6 +110,10 @@ class Agent {
   void ReportLoop();
   void OnEvent(const rendezvous::Event& e);
   void SendReport(rendezvous::Report r);
+  // Builds the NCCL communicator of the round just joined, beside the connected Gloo one:
+  // by shrinking the previous round's when every member was in it and only members left,
+  // else by a fresh init. Errors as JoinNextRound.
+  Status BuildNccl(const worker_agent::Topology& topo);
 
   WorkerEnv env_;
   AgentOptions options_;
@@ -105,6 +128,14 @@ class Agent {
   // when replaced (the training thread reads it without the lock).
   std::unique_ptr<worker_agent::GlooCommunicator> comm_;
   int64_t comm_round_ = -1;  // the round comm_ belongs to; guarded by comm_mu_
+  Backend backend_ = Backend::kGloo;
+  std::shared_ptr<worker_agent::NcclApi> nccl_api_;  // when backend_ is kNccl
+  // The NCCL communicator of nccl_round_ (replaced under comm_mu_), and while the next one is
+  // built, the previous one (its shrink parent).
+  std::unique_ptr<worker_agent::NcclCommunicator> nccl_;
+  std::unique_ptr<worker_agent::NcclCommunicator> nccl_parent_;
+  int64_t nccl_round_ = -1;
+  int64_t last_nccl_round_ = -1;  // the round whose NCCL communicator last connected
   std::thread watch_;
   Duration last_rebuild_{0};
   std::thread reporter_;

@@ -27,7 +27,7 @@ from . import _elastic as _C
 
 __all__ = [
     "init", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
-    "cross_size", "current_round", "slot", "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_",
+    "cross_size", "current_round", "slot", "backend", "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_",
     "broadcast", "broadcast_", "allgather", "barrier", "broadcast_object", "allgather_object",
     "run", "State", "ObjectState", "WorkerLostError", "HostsUpdatedInterrupt", "leave",
     "Sum", "Average", "Min", "Max",
@@ -147,6 +147,41 @@ def _is_torch(x):
     return type(x).__module__.startswith("torch")
 
 
+def backend():
+    """Which communicator carries collectives on CUDA tensors: "nccl", or "gloo" (CPU tensors
+    and numpy arrays always go through Gloo). Set by elastic-run --backend (auto by default:
+    NCCL where the worker sees a CUDA device)."""
+    init()
+    return "gloo" if _local else _C.backend()
+
+
+def _is_cuda(x):
+    return _is_torch(x) and x.device.type == "cuda"
+
+
+def _cuda_view(x, what):
+    """(pointer, element count, dtype code, stream) of a contiguous CUDA tensor for the NCCL
+    communicator; ValueError naming what is wrong otherwise."""
+    code = _TORCH_CODES.get(str(x.dtype))
+    if code is None:
+        raise ValueError(f"{what}: dtype {x.dtype} is not supported (float32, float64, "
+                         "float16, bfloat16, int32, int64)")
+    if not x.is_contiguous():
+        raise ValueError(f"{what}: the tensor is not contiguous (call .contiguous())")
+    if _local:
+        return x.data_ptr(), x.numel(), code, 0
+    if _C.backend() != "nccl":
+        raise ValueError(f"{what}: the tensor is on {x.device} but this worker's backend is "
+                         f"{_C.backend()}: start the job with `elastic-run --backend nccl` (or "
+                         "auto, the default, on a machine with GPUs), or move it to the CPU")
+    if x.device.index != _C.device():
+        raise ValueError(f"{what}: the tensor is on {x.device} but this worker's NCCL "
+                         f"communicator is on cuda:{_C.device()} (local rank "
+                         f"{local_rank()}); use torch.cuda.set_device(elastic.local_rank())")
+    import torch
+    return x.data_ptr(), x.numel(), code, torch.cuda.current_stream(x.device).cuda_stream
+
+
 def _view(x, what, writable=True):
     """(pointer, element count, dtype code) of a contiguous numpy array or CPU torch tensor;
     ValueError naming what is wrong otherwise."""
@@ -189,8 +224,14 @@ def _check_op(op):
 
 
 def allreduce_(x, op=Average):
-    """Reduces `x` in place across all ranks; returns `x`."""
+    """Reduces `x` in place across all ranks; returns `x`. A CUDA tensor is reduced by NCCL
+    on the current stream (the call returns when it is done)."""
     _check_op(op)
+    if _is_cuda(x):
+        ptr, count, code, stream = _cuda_view(x, "allreduce_")
+        if not _local and count:
+            _C.allreduce_cuda(ptr, count, code, op, stream)
+        return x
     ptr, count, code = _view(x, "allreduce_")
     if not _local and count:
         _C.allreduce(ptr, count, code, op)
@@ -200,22 +241,30 @@ def allreduce_(x, op=Average):
 def allreduce(x, op=Average):
     """The reduction of `x` across all ranks, as a new array or tensor."""
     _check_op(op)
-    _view(x, "allreduce", writable=False)
+    if not _is_cuda(x):
+        _view(x, "allreduce", writable=False)
     return allreduce_(_copy(x), op)
 
 
 def grouped_allreduce_(xs, op=Average):
     """Reduces every array or tensor of `xs` in place, fused into few collectives."""
     _check_op(op)
+    xs = list(xs)
+    if xs and all(_is_cuda(x) for x in xs):
+        views = [_cuda_view(x, f"grouped_allreduce_[{i}]") for i, x in enumerate(xs)]
+        if not _local:
+            _C.allreduce_many_cuda([v[:3] for v in views], op, views[0][3])
+        return xs
     views = [_view(x, f"grouped_allreduce_[{i}]") for i, x in enumerate(xs)]
     if not _local and views:
         _C.allreduce_many(views, op)
-    return list(xs)
+    return xs
 
 
 def grouped_allreduce(xs, op=Average):
     for i, x in enumerate(xs):
-        _view(x, f"grouped_allreduce[{i}]", writable=False)
+        if not _is_cuda(x):
+            _view(x, f"grouped_allreduce[{i}]", writable=False)
     return grouped_allreduce_([_copy(x) for x in xs], op)
 
 
@@ -228,6 +277,11 @@ def _check_root(root_rank):
 def broadcast_(x, root_rank=0):
     """Overwrites `x` with root_rank's `x` on every rank; returns `x`."""
     _check_root(root_rank)
+    if _is_cuda(x):
+        ptr, count, code, stream = _cuda_view(x, "broadcast_")
+        if not _local and count:
+            _C.broadcast_cuda(ptr, count * _itemsize(code), root_rank, stream)
+        return x
     ptr, count, code = _view(x, "broadcast_")
     if not _local and count:
         _C.broadcast(ptr, count * _itemsize(code), root_rank)
@@ -236,7 +290,8 @@ def broadcast_(x, root_rank=0):
 
 def broadcast(x, root_rank=0):
     """root_rank's `x`, as a new array or tensor on every rank."""
-    _view(x, "broadcast", writable=False)
+    if not _is_cuda(x):
+        _view(x, "broadcast", writable=False)
     return broadcast_(_copy(x), root_rank)
 
 
@@ -246,7 +301,10 @@ def _itemsize(code):
 
 def allgather(x):
     """Concatenates every rank's `x` along the first dimension (which may differ by rank; the
-    others must match)."""
+    others must match). A CUDA tensor goes through the CPU (Gloo) and comes back on its
+    device."""
+    if _is_cuda(x):
+        return allgather(x.detach().cpu()).to(x.device)
     ptr, count, code = _view(x, "allgather", writable=False)
     shape = tuple(x.shape)
     if len(shape) == 0:

@@ -77,6 +77,17 @@ ReduceOp Op(int code) {
 
 Communicator& Comm() { return Init().comm(); }
 
+// The NCCL communicator, collectives on `stream` (the caller's current torch stream).
+worker_agent::NcclCommunicator& DeviceComm(uintptr_t stream) {
+  worker_agent::NcclCommunicator* c = Init().device_comm();
+  if (!c) {
+    throw std::invalid_argument(std::string("a CUDA tensor, but this worker's backend is ") +
+                                BackendName(Init().backend()) + " (elastic-run --backend nccl)");
+  }
+  c->set_stream(reinterpret_cast<void*>(stream));
+  return *c;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_elastic, m) {
@@ -155,6 +166,35 @@ PYBIND11_MODULE(_elastic, m) {
   });
   m.def(
       "barrier", [] { Comm().Barrier(); }, py::call_guard<py::gil_scoped_release>());
+
+  m.def("backend", [] { return std::string(BackendName(Init().backend())); });
+  m.def("device", [] {
+    worker_agent::NcclCommunicator* c = Init().device_comm();
+    return c ? c->device() : -1;
+  });
+  m.def(
+      "allreduce_cuda",
+      [](uintptr_t ptr, size_t count, int dtype, int op, uintptr_t stream) {
+        DeviceComm(stream).Allreduce(reinterpret_cast<void*>(ptr), count, DType(dtype), Op(op));
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "allreduce_many_cuda",
+      [](const std::vector<std::tuple<uintptr_t, size_t, int>>& tensors, int op,
+         uintptr_t stream) {
+        std::vector<TensorView> views;
+        for (const auto& [ptr, count, dtype] : tensors) {
+          views.push_back({reinterpret_cast<void*>(ptr), count, DType(dtype)});
+        }
+        DeviceComm(stream).AllreduceMany(views, Op(op));
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "broadcast_cuda",
+      [](uintptr_t ptr, size_t bytes, int root, uintptr_t stream) {
+        DeviceComm(stream).Broadcast(reinterpret_cast<void*>(ptr), bytes, root);
+      },
+      py::call_guard<py::gil_scoped_release>());
 
   py::class_<State, PyState>(m, "State")
       .def(py::init<>())

@@ -126,6 +126,7 @@ def test_prefixed_output_never_interleaves(elastic_run, test_worker, tmp_path):
     (["--min-np", "1", "--host-discovery-script", "/no/such/discover.sh"], 2,
      "/no/such/discover.sh: No such file or directory"),
     (["-np", "1", "--output-dir", "/proc/no/such/dir"], 2, "--output-dir /proc/no/such/dir"),
+    (["-np", "1", "--backend", "mpi"], 2, "--backend: mpi not in {auto,gloo,nccl}"),
 ])
 def test_bad_cli_input_is_a_clear_error(elastic_run, test_worker, args, code, message):
     rc, out = run([elastic_run] + args + [test_worker, "collectives"], timeout=30)

@@ -1,0 +1,286 @@
+// LoadNcclApi: NCCL and the CUDA runtime through dlopen (see nccl_api.h). Compiled against
+// their headers when the build found them (ELASTIC_HAVE_NCCL); otherwise the backend is absent
+// and LoadNcclApi says how to get it.
+#include "worker_agent/nccl_api.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#ifdef ELASTIC_HAVE_NCCL
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <nccl.h>
+#endif
+
+namespace elastic::worker_agent {
+
+#ifndef ELASTIC_HAVE_NCCL
+
+bool NcclBackendBuilt() { return false; }
+
+StatusOr<std::shared_ptr<NcclApi>> LoadNcclApi() {
+  return FailedPrecondition(
+      "this build of elastic has no NCCL backend (CMake did not find nccl.h and "
+      "cuda_runtime_api.h); rebuild with CUDA and NCCL installed and -DELASTIC_WITH_NCCL=ON, "
+      "or use --backend gloo");
+}
+
+#else
+
+bool NcclBackendBuilt() { return true; }
+
+namespace {
+
+// One dlopen()ed library; symbols resolved by name.
+struct Library {
+  void* handle = nullptr;
+  std::string path;
+
+  // The first of `names` that loads (RTLD_GLOBAL: NCCL's plugins find it).
+  Status Open(const std::vector<std::string>& names, const char* what) {
+    std::string errors;
+    for (const auto& n : names) {
+      if (n.empty()) continue;
+      handle = dlopen(n.c_str(), RTLD_NOW | RTLD_GLOBAL);
+      if (handle) {
+        path = n;
+        return Status();
+      }
+      const char* e = dlerror();
+      errors += "\n  " + n + ": " + (e ? e : "not found");
+    }
+    return FailedPrecondition(std::string("cannot load ") + what + ":" + errors);
+  }
+  template <typename Fn>
+  Status Get(const char* name, Fn* out, bool required = true) {
+    dlerror();
+    void* sym = dlsym(handle, name);
+    *out = reinterpret_cast<Fn>(sym);
+    if (!sym && required) {
+      return FailedPrecondition(std::string(name) + " is missing from " + path);
+    }
+    return Status();
+  }
+};
+
+ncclDataType_t NcclType(DataType d) {
+  switch (d) {
+    case DataType::kF32: return ncclFloat32;
+    case DataType::kF64: return ncclFloat64;
+    case DataType::kF16: return ncclFloat16;
+    case DataType::kBF16: return ncclBfloat16;
+    case DataType::kI32: return ncclInt32;
+    case DataType::kI64: return ncclInt64;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t NcclOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kMax: return ncclMax;
+  }
+  return ncclSum;
+}
+
+class DlNcclApi : public NcclApi {
+ public:
+  Status Load() {
+    const char* nccl_env = std::getenv("ELASTIC_NCCL_LIBRARY");
+    const char* cudart_env = std::getenv("ELASTIC_CUDART_LIBRARY");
+    RETURN_IF_ERROR(cudart_.Open(
+        {cudart_env ? cudart_env : "", "libcudart.so.13", "libcudart.so.12", "libcudart.so",
+         ELASTIC_CUDART_BUILD_PATH},
+        "the CUDA runtime (set ELASTIC_CUDART_LIBRARY to its path)"));
+    RETURN_IF_ERROR(nccl_.Open({nccl_env ? nccl_env : "", "libnccl.so.2",
+                                        "libnccl.so", ELASTIC_NCCL_BUILD_PATH},
+                                       "NCCL (set ELASTIC_NCCL_LIBRARY to its path)"));
+    RETURN_IF_ERROR(cudart_.Get("cudaGetDeviceCount", &get_device_count_));
+    RETURN_IF_ERROR(cudart_.Get("cudaSetDevice", &set_device_));
+    RETURN_IF_ERROR(cudart_.Get("cudaMalloc", &malloc_));
+    RETURN_IF_ERROR(cudart_.Get("cudaFree", &free_));
+    RETURN_IF_ERROR(cudart_.Get("cudaMemcpyAsync", &memcpy_async_));
+    RETURN_IF_ERROR(cudart_.Get("cudaStreamSynchronize", &stream_sync_));
+    RETURN_IF_ERROR(cudart_.Get("cudaEventCreateWithFlags", &event_create_));
+    RETURN_IF_ERROR(cudart_.Get("cudaEventRecord", &event_record_));
+    RETURN_IF_ERROR(cudart_.Get("cudaEventQuery", &event_query_));
+    RETURN_IF_ERROR(cudart_.Get("cudaEventDestroy", &event_destroy_));
+    RETURN_IF_ERROR(cudart_.Get("cudaGetErrorString", &cuda_error_string_));
+    RETURN_IF_ERROR(nccl_.Get("ncclGetVersion", &get_version_));
+    RETURN_IF_ERROR(nccl_.Get("ncclGetErrorString", &error_string_));
+    RETURN_IF_ERROR(nccl_.Get("ncclGetLastError", &last_error_));
+    RETURN_IF_ERROR(nccl_.Get("ncclGetUniqueId", &get_unique_id_));
+    RETURN_IF_ERROR(nccl_.Get("ncclCommInitRankConfig", &init_rank_config_));
+    RETURN_IF_ERROR(nccl_.Get("ncclCommGetAsyncError", &get_async_error_));
+    RETURN_IF_ERROR(nccl_.Get("ncclCommAbort", &comm_abort_));
+    RETURN_IF_ERROR(nccl_.Get("ncclAllReduce", &all_reduce_));
+    RETURN_IF_ERROR(nccl_.Get("ncclBroadcast", &broadcast_));
+    RETURN_IF_ERROR(nccl_.Get("ncclAllGather", &all_gather_));
+    RETURN_IF_ERROR(nccl_.Get("ncclCommRevoke", &comm_revoke_, /*required=*/false));
+    RETURN_IF_ERROR(nccl_.Get("ncclCommShrink", &comm_shrink_, /*required=*/false));
+    if (get_version_(&version_) != ncclSuccess) version_ = 0;
+    if (version_ < 21400) {  // non-blocking communicators came with 2.14
+      return FailedPrecondition("NCCL " + std::to_string(version_) + " at " + nccl_.path +
+                                " is too old: the NCCL backend needs 2.14 or newer");
+    }
+    return Status();
+  }
+
+  int version() const override { return version_; }
+  bool has_revoke() const override { return comm_revoke_ != nullptr && version_ >= 22807; }
+  bool has_shrink() const override { return comm_shrink_ != nullptr && version_ >= 22700; }
+  std::string ErrorString(int r) override {
+    const char* s = error_string_(static_cast<ncclResult_t>(r));
+    return s ? s : "unknown NCCL error " + std::to_string(r);
+  }
+  std::string LastError(Comm comm) override {
+    const char* s = last_error_(static_cast<ncclComm_t>(comm));
+    return s ? s : "";
+  }
+
+  Status DeviceCount(int* n) override { return Cuda(get_device_count_(n), "cudaGetDeviceCount"); }
+  Status SetDevice(int d) override { return Cuda(set_device_(d), "cudaSetDevice"); }
+  Status Malloc(void** p, size_t bytes) override { return Cuda(malloc_(p, bytes), "cudaMalloc"); }
+  Status Free(void* p) override { return Cuda(free_(p), "cudaFree"); }
+  Status MemcpyAsync(void* dst, const void* src, size_t bytes, Stream s) override {
+    return Cuda(memcpy_async_(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(s)),
+                "cudaMemcpyAsync");
+  }
+  Status StreamSynchronize(Stream s) override {
+    return Cuda(stream_sync_(static_cast<cudaStream_t>(s)), "cudaStreamSynchronize");
+  }
+  Status EventCreate(Event* e) override {
+    cudaEvent_t ev = nullptr;
+    Status s = Cuda(event_create_(&ev, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    *e = ev;
+    return s;
+  }
+  Status EventRecord(Event e, Stream s) override {
+    return Cuda(event_record_(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(s)),
+                "cudaEventRecord");
+  }
+  Status EventQuery(Event e) override {
+    cudaError_t r = event_query_(static_cast<cudaEvent_t>(e));
+    if (r == cudaErrorNotReady) return Unavailable("not ready");
+    return Cuda(r, "cudaEventQuery");
+  }
+  Status EventDestroy(Event e) override {
+    return Cuda(event_destroy_(static_cast<cudaEvent_t>(e)), "cudaEventDestroy");
+  }
+
+  int GetUniqueId(std::string* id) override {
+    ncclUniqueId uid;
+    ncclResult_t r = get_unique_id_(&uid);
+    if (r == ncclSuccess) id->assign(uid.internal, sizeof uid.internal);
+    return r;
+  }
+  int CommInitRank(Comm* comm, int nranks, const std::string& id, int rank) override {
+    if (id.size() != sizeof(ncclUniqueId)) return ncclInvalidArgument;
+    ncclUniqueId uid;
+    std::memcpy(uid.internal, id.data(), sizeof uid.internal);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t c = nullptr;
+    ncclResult_t r = init_rank_config_(&c, nranks, uid, rank, &config);
+    *comm = c;
+    return r;
+  }
+  int CommShrink(Comm parent, const std::vector<int>& exclude, Comm* comm) override {
+    if (!comm_shrink_) return ncclInvalidUsage;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    std::vector<int> ex = exclude;
+    ncclComm_t c = nullptr;
+    ncclResult_t r = comm_shrink_(static_cast<ncclComm_t>(parent), ex.data(),
+                                  static_cast<int>(ex.size()), &c, &config, NCCL_SHRINK_ABORT);
+    *comm = c;
+    return r;
+  }
+  int CommGetAsyncError(Comm comm, int* async) override {
+    ncclResult_t a = ncclSuccess;
+    ncclResult_t r = get_async_error_(static_cast<ncclComm_t>(comm), &a);
+    *async = a;
+    return r;
+  }
+  int CommAbort(Comm comm) override { return comm_abort_(static_cast<ncclComm_t>(comm)); }
+  int CommRevoke(Comm comm) override {
+    if (!comm_revoke_) return ncclInvalidUsage;
+    return comm_revoke_(static_cast<ncclComm_t>(comm), NCCL_REVOKE_DEFAULT);
+  }
+  int AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                Comm comm, Stream stream) override {
+    return all_reduce_(send, recv, count, NcclType(dtype), NcclOp(op),
+                       static_cast<ncclComm_t>(comm), static_cast<cudaStream_t>(stream));
+  }
+  int Broadcast(const void* send, void* recv, size_t bytes, int root, Comm comm,
+                Stream stream) override {
+    return broadcast_(send, recv, bytes, ncclInt8, root, static_cast<ncclComm_t>(comm),
+                      static_cast<cudaStream_t>(stream));
+  }
+  int AllGather(const void* send, void* recv, size_t bytes, Comm comm, Stream stream) override {
+    return all_gather_(send, recv, bytes, ncclInt8, static_cast<ncclComm_t>(comm),
+                       static_cast<cudaStream_t>(stream));
+  }
+
+ private:
+  Status Cuda(cudaError_t r, const char* what) {
+    if (r == cudaSuccess) return Status();
+    const char* s = cuda_error_string_ ? cuda_error_string_(r) : nullptr;
+    return Internal(std::string(what) + ": " + (s ? s : "CUDA error " + std::to_string(r)));
+  }
+
+  Library nccl_, cudart_;
+  int version_ = 0;
+  cudaError_t (*get_device_count_)(int*) = nullptr;
+  cudaError_t (*set_device_)(int) = nullptr;
+  cudaError_t (*malloc_)(void**, size_t) = nullptr;
+  cudaError_t (*free_)(void*) = nullptr;
+  cudaError_t (*memcpy_async_)(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t) = nullptr;
+  cudaError_t (*stream_sync_)(cudaStream_t) = nullptr;
+  cudaError_t (*event_create_)(cudaEvent_t*, unsigned) = nullptr;
+  cudaError_t (*event_record_)(cudaEvent_t, cudaStream_t) = nullptr;
+  cudaError_t (*event_query_)(cudaEvent_t) = nullptr;
+  cudaError_t (*event_destroy_)(cudaEvent_t) = nullptr;
+  const char* (*cuda_error_string_)(cudaError_t) = nullptr;
+  ncclResult_t (*get_version_)(int*) = nullptr;
+  const char* (*error_string_)(ncclResult_t) = nullptr;
+  const char* (*last_error_)(ncclComm_t) = nullptr;
+  ncclResult_t (*get_unique_id_)(ncclUniqueId*) = nullptr;
+  ncclResult_t (*init_rank_config_)(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*) = nullptr;
+  ncclResult_t (*get_async_error_)(ncclComm_t, ncclResult_t*) = nullptr;
+  ncclResult_t (*comm_abort_)(ncclComm_t) = nullptr;
+  ncclResult_t (*comm_revoke_)(ncclComm_t, int) = nullptr;
+  ncclResult_t (*comm_shrink_)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int) = nullptr;
+  ncclResult_t (*all_reduce_)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
+                              ncclComm_t, cudaStream_t) = nullptr;
+  ncclResult_t (*broadcast_)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
+                             cudaStream_t) = nullptr;
+  ncclResult_t (*all_gather_)(const void*, void*, size_t, ncclDataType_t, ncclComm_t,
+                              cudaStream_t) = nullptr;
+};
+
+}  // namespace
+
+StatusOr<std::shared_ptr<NcclApi>> LoadNcclApi() {
+  // Loaded once per process; a failure is remembered too (the libraries will not appear).
+  static std::mutex mu;
+  static std::shared_ptr<NcclApi> api;
+  static Status error = Status();
+  static bool tried = false;
+  std::lock_guard<std::mutex> g(mu);
+  if (!tried) {
+    tried = true;
+    auto dl = std::make_shared<DlNcclApi>();
+    error = dl->Load();
+    if (error.ok()) api = std::move(dl);
+  }
+  if (!error.ok()) return error;
+  return api;
+}
+
+#endif
+
+}  // namespace elastic::worker_agent

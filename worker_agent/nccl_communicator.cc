@@ -1,0 +1,465 @@
+#include "worker_agent/nccl_communicator.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+namespace elastic::worker_agent {
+namespace {
+
+constexpr const char* kIdKey = "nccl/id";
+
+std::string Secs(Duration d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", std::chrono::duration<double>(d).count());
+  return buf;
+}
+
+// A wait loop's pause: spin briefly (a small collective is done in microseconds), then sleep
+// a little so that a long one does not burn a core.
+void Pause(int iteration) {
+  if (iteration < 200) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(iteration < 2000 ? 20 : 200));
+  }
+}
+
+}  // namespace
+
+const char* NcclCommunicator::PhaseName(Phase p) {
+  switch (p) {
+    case Phase::kCreated: return "created";
+    case Phase::kInitializing: return "initializing";
+    case Phase::kReady: return "ready";
+    case Phase::kRevoked: return "revoked";
+    case Phase::kAborted: return "aborted";
+    case Phase::kFailed: return "failed";
+  }
+  return "?";
+}
+
+NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclApi> api, Topology topo, int device,
+                                   NcclOptions options)
+    : api_(std::move(api)), topo_(topo), device_(device), options_(options) {
+  nccl_rank_of_.resize(topo_.size);
+  for (int r = 0; r < topo_.size; ++r) nccl_rank_of_[r] = r;
+}
+
+StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::New(std::shared_ptr<NcclApi> api,
+                                                                  const Topology& topo,
+                                                                  int device,
+                                                                  const NcclOptions& options) {
+  if (!api) return InvalidArgument("no NCCL library");
+  if (topo.size < 1 || topo.rank < 0 || topo.rank >= topo.size) {
+    return InvalidArgument("bad topology: rank " + std::to_string(topo.rank) + " of " +
+                           std::to_string(topo.size));
+  }
+  if (device < 0) return InvalidArgument("bad CUDA device " + std::to_string(device));
+  RETURN_IF_ERROR(api->SetDevice(device).WithContext("CUDA device " + std::to_string(device)));
+  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(std::move(api), topo, device, options));
+  RETURN_IF_ERROR(c->api_->EventCreate(&c->event_));
+  return c;
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  std::lock_guard<std::mutex> g(mu_);
+  // Never a destroy (it waits for peers that may be dead): abort releases it at once.
+  if (comm_) api_->CommAbort(comm_);
+  comm_ = nullptr;
+  if (fusion_) (void)api_->Free(fusion_);
+  if (scratch_) (void)api_->Free(scratch_);
+  if (event_) (void)api_->EventDestroy(event_);
+}
+
+NcclCommunicator::Phase NcclCommunicator::phase() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return phase_;
+}
+
+std::string NcclCommunicator::Describe(int result) {
+  std::string s = api_->ErrorString(result);
+  std::string last = comm_ ? api_->LastError(comm_) : "";
+  if (!last.empty()) s += " (" + last + ")";
+  return s;
+}
+
+Status NcclCommunicator::PollReady(const char* what, Duration timeout) {
+  const TimePoint deadline = SteadyClock::now() + timeout;
+  for (int i = 0;; ++i) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (aborted_.load() || !comm_) return Aborted(std::string(what) + ": aborted");
+      int async = NcclApi::kSuccess;
+      int r = api_->CommGetAsyncError(comm_, &async);
+      if (r != NcclApi::kSuccess) async = r;
+      if (async == NcclApi::kSuccess) return Status();
+      if (async != NcclApi::kInProgress) {
+        std::string why = Describe(async);
+        phase_ = Phase::kFailed;
+        api_->CommAbort(comm_);
+        comm_ = nullptr;
+        return Unavailable(std::string(what) + " failed: " + why);
+      }
+    }
+    if (SteadyClock::now() > deadline) {
+      Abort();
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        phase_ = Phase::kFailed;
+      }
+      return DeadlineExceeded(std::string(what) + " did not finish within " +
+                              Secs(timeout) + " (a peer is gone or stuck)");
+    }
+    Pause(i);
+  }
+}
+
+Status NcclCommunicator::Connect(RoundStore* store) {
+  std::string id;
+  if (topo_.rank == 0) {
+    int r = api_->GetUniqueId(&id);
+    if (r != NcclApi::kSuccess) return Unavailable("ncclGetUniqueId: " + api_->ErrorString(r));
+    RETURN_IF_ERROR(store->Set(kIdKey, id).WithContext("publishing the NCCL id"));
+  } else {
+    auto got = store->Get({kIdKey}, options_.init_timeout);
+    if (!got.ok()) {
+      if (aborted_.load()) return Aborted("NCCL init: aborted while waiting for rank 0's id");
+      return got.status().WithContext("waiting for rank 0's NCCL id");
+    }
+    id = (*got)[0];
+    if (id.size() != static_cast<size_t>(NcclApi::kUniqueIdBytes)) {
+      return InvalidArgument("rank 0's NCCL id has " + std::to_string(id.size()) +
+                             " bytes, not " + std::to_string(NcclApi::kUniqueIdBytes));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (aborted_.load()) return Aborted("NCCL init: aborted");
+    if (phase_ != Phase::kCreated) return FailedPrecondition("NCCL communicator connected twice");
+    Status dev = api_->SetDevice(device_);
+    if (!dev.ok()) return dev;
+    NcclApi::Comm c = nullptr;
+    int r = api_->CommInitRank(&c, topo_.size, id, topo_.rank);
+    comm_ = c;
+    if (r != NcclApi::kSuccess && r != NcclApi::kInProgress) {
+      std::string why = Describe(r);
+      if (comm_) api_->CommAbort(comm_);
+      comm_ = nullptr;
+      phase_ = Phase::kFailed;
+      return Unavailable("ncclCommInitRankConfig: " + why);
+    }
+    phase_ = Phase::kInitializing;
+  }
+  RETURN_IF_ERROR(PollReady("NCCL init", options_.init_timeout));
+  std::lock_guard<std::mutex> g(mu_);
+  if (aborted_.load()) return Aborted("NCCL init: aborted");
+  phase_ = Phase::kReady;
+  return Status();
+}
+
+Status NcclCommunicator::ConnectByShrink(NcclCommunicator* parent,
+                                         const std::vector<int>& exclude,
+                                         std::vector<int> nccl_rank_of) {
+  if (!api_->has_shrink()) {
+    return FailedPrecondition("NCCL " + std::to_string(api_->version()) + " has no ncclCommShrink");
+  }
+  if (static_cast<int>(nccl_rank_of.size()) != topo_.size) {
+    return InvalidArgument("shrink: a rank map of " + std::to_string(nccl_rank_of.size()) +
+                           " for " + std::to_string(topo_.size) + " ranks");
+  }
+  {
+    // A revoked parent must be quiescent before it is shrunk.
+    std::lock_guard<std::mutex> g(parent->mu_);
+    if (!parent->comm_ || (parent->phase_ != Phase::kReady && parent->phase_ != Phase::kRevoked)) {
+      return FailedPrecondition(std::string("shrink: the parent communicator is ") +
+                                PhaseName(parent->phase_));
+    }
+  }
+  const TimePoint deadline = SteadyClock::now() + options_.init_timeout;
+  for (int i = 0;; ++i) {
+    std::lock_guard<std::mutex> g(parent->mu_);
+    if (!parent->comm_) return FailedPrecondition("shrink: the parent was released meanwhile");
+    int async = NcclApi::kSuccess;
+    int r = api_->CommGetAsyncError(parent->comm_, &async);
+    if (r != NcclApi::kSuccess) async = r;
+    if (async != NcclApi::kInProgress) break;  // quiescent (an old error does not matter)
+    if (SteadyClock::now() > deadline) return DeadlineExceeded("shrink: the parent stays busy");
+    if (aborted_.load()) return Aborted("NCCL shrink: aborted");
+    Pause(i);
+  }
+  {
+    std::lock_guard<std::mutex> pg(parent->mu_);
+    std::lock_guard<std::mutex> g(mu_);
+    if (aborted_.load()) return Aborted("NCCL shrink: aborted");
+    if (phase_ != Phase::kCreated) return FailedPrecondition("NCCL communicator connected twice");
+    Status dev = api_->SetDevice(device_);
+    if (!dev.ok()) return dev;
+    NcclApi::Comm c = nullptr;
+    int r = api_->CommShrink(parent->comm_, exclude, &c);
+    comm_ = c;
+    if (r != NcclApi::kSuccess && r != NcclApi::kInProgress) {
+      std::string why = Describe(r);
+      if (comm_) api_->CommAbort(comm_);
+      comm_ = nullptr;
+      phase_ = Phase::kFailed;
+      return Unavailable("ncclCommShrink: " + why);
+    }
+    phase_ = Phase::kInitializing;
+    nccl_rank_of_ = std::move(nccl_rank_of);
+  }
+  RETURN_IF_ERROR(PollReady("NCCL shrink", options_.init_timeout));
+  std::lock_guard<std::mutex> g(mu_);
+  if (aborted_.load()) return Aborted("NCCL shrink: aborted");
+  phase_ = Phase::kReady;
+  return Status();
+}
+
+void NcclCommunicator::Abort() {
+  aborted_.store(true);
+  std::lock_guard<std::mutex> g(mu_);
+  switch (phase_) {
+    case Phase::kInitializing:  // a pending init or shrink: abort is how NCCL cancels it
+      if (comm_) api_->CommAbort(comm_);
+      comm_ = nullptr;
+      phase_ = Phase::kAborted;
+      break;
+    case Phase::kReady:
+      // Revoke stops the kernels in flight and keeps the handle, so the next round can shrink
+      // it; without revoke, abort frees it.
+      if (api_->has_revoke() && api_->CommRevoke(comm_) == NcclApi::kSuccess) {
+        phase_ = Phase::kRevoked;
+      } else {
+        api_->CommAbort(comm_);
+        comm_ = nullptr;
+        phase_ = Phase::kAborted;
+      }
+      break;
+    case Phase::kCreated:
+      phase_ = Phase::kAborted;
+      break;
+    default:
+      break;
+  }
+}
+
+void NcclCommunicator::Fail(const std::string& what) {
+  running_.store(false);
+  throw WorkerLostError(what);
+}
+
+void NcclCommunicator::Run(const char* what, const std::function<int(NcclApi::Comm)>& enqueue) {
+  started_.fetch_add(1);
+  last_start_.store(SteadyClock::now().time_since_epoch().count());
+  running_.store(true);
+  int r;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (aborted_.load() || phase_ != Phase::kReady) {
+      Fail(std::string("NCCL ") + what + ": the communicator is " + PhaseName(phase_) +
+           " (a peer of this round is gone)");
+    }
+    // cudaSetDevice is per thread: a collective may come from any thread (Python's
+    // DistributedOptimizer reduces on its own).
+    Status dev = api_->SetDevice(device_);
+    if (!dev.ok()) Fail(dev.message());
+    r = enqueue(comm_);
+  }
+  if (r == NcclApi::kInProgress) {  // a non-blocking enqueue still in progress
+    Status s = PollReady(what, options_.collective_timeout);
+    if (!s.ok()) Fail(std::string("NCCL ") + what + ": " + s.message());
+  } else if (r != NcclApi::kSuccess) {
+    std::string why;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      why = Describe(r);
+    }
+    Fail(std::string("NCCL ") + what + ": " + why);
+  }
+  WaitStream(what);
+}
+
+void NcclCommunicator::WaitStream(const char* what) {
+  running_.store(true);
+  Status rec = api_->EventRecord(event_, stream_);
+  if (!rec.ok()) Fail(std::string("NCCL ") + what + ": " + rec.message());
+  const TimePoint deadline = SteadyClock::now() + options_.collective_timeout;
+  for (int i = 0;; ++i) {
+    if (aborted_.load()) Fail(std::string("NCCL ") + what + ": aborted (a peer of this round is gone)");
+    Status q = api_->EventQuery(event_);
+    if (q.ok()) break;
+    if (q.code() != Code::kUnavailable) Fail(std::string("NCCL ") + what + ": " + q.message());
+    if (i % 64 == 63) {  // NCCL's async error: a peer failed under us
+      std::lock_guard<std::mutex> g(mu_);
+      if (comm_) {
+        int async = NcclApi::kSuccess;
+        int r = api_->CommGetAsyncError(comm_, &async);
+        if (r != NcclApi::kSuccess) async = r;
+        if (async != NcclApi::kSuccess && async != NcclApi::kInProgress) {
+          std::string why = Describe(async);
+          api_->CommAbort(comm_);
+          comm_ = nullptr;
+          phase_ = Phase::kFailed;
+          Fail(std::string("NCCL ") + what + ": " + why);
+        }
+      }
+    }
+    if (SteadyClock::now() > deadline) {
+      Abort();
+      Fail(std::string("NCCL ") + what + " did not finish within " +
+           Secs(options_.collective_timeout));
+    }
+    Pause(i);
+  }
+  running_.store(false);
+}
+
+void* NcclCommunicator::Scratch(size_t bytes) {
+  if (scratch_bytes_ < bytes) {
+    if (scratch_) (void)api_->Free(scratch_);
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+    Status s = api_->Malloc(&scratch_, bytes);
+    if (!s.ok()) throw std::runtime_error("NCCL scratch buffer: " + s.message());
+    scratch_bytes_ = bytes;
+  }
+  return scratch_;
+}
+
+void* NcclCommunicator::Fusion(size_t bytes) {
+  if (fusion_size_ < bytes) {
+    if (fusion_) (void)api_->Free(fusion_);
+    fusion_ = nullptr;
+    fusion_size_ = 0;
+    Status s = api_->Malloc(&fusion_, bytes);
+    if (!s.ok()) throw std::runtime_error("NCCL fusion buffer: " + s.message());
+    fusion_size_ = bytes;
+  }
+  return fusion_;
+}
+
+void NcclCommunicator::Allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
+  if (count == 0) return;
+  Run("allreduce", [&](NcclApi::Comm c) {
+    return api_->AllReduce(data, data, count, dtype, op, c, stream_);
+  });
+}
+
+void NcclCommunicator::AllreduceMany(const std::vector<TensorView>& tensors, ReduceOp op) {
+  const size_t cap = std::max<size_t>(options_.fusion_bytes, 8);
+  size_t i = 0;
+  while (i < tensors.size()) {
+    const TensorView& first = tensors[i];
+    const size_t esize = DataTypeSize(first.dtype);
+    if (first.count * esize >= cap) {  // too big to fuse: reduce in place
+      Allreduce(first.data, first.count, first.dtype, op);
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    size_t bytes = 0;
+    while (j < tensors.size() && tensors[j].dtype == first.dtype &&
+           bytes + tensors[j].count * esize <= cap) {
+      bytes += tensors[j].count * esize;
+      ++j;
+    }
+    if (j == i + 1) {  // a bucket of one: no copies
+      Allreduce(first.data, first.count, first.dtype, op);
+      ++i;
+      continue;
+    }
+    char* fusion = static_cast<char*>(Fusion(bytes));
+    auto copy = [&](bool in) {
+      size_t off = 0;
+      for (size_t k = i; k < j; ++k) {
+        size_t n = tensors[k].count * esize;
+        Status s = in ? api_->MemcpyAsync(fusion + off, tensors[k].data, n, stream_)
+                      : api_->MemcpyAsync(tensors[k].data, fusion + off, n, stream_);
+        if (!s.ok()) throw std::runtime_error("NCCL fusion copy: " + s.message());
+        off += n;
+      }
+    };
+    copy(true);
+    Allreduce(fusion, bytes / esize, first.dtype, op);
+    copy(false);
+    WaitStream("fusion copy-out");
+    i = j;
+  }
+}
+
+void NcclCommunicator::Broadcast(void* data, size_t bytes, int root) {
+  if (root < 0 || root >= topo_.size) {
+    throw std::invalid_argument("broadcast root " + std::to_string(root) + " out of range");
+  }
+  if (bytes == 0) return;
+  const int nroot = nccl_rank_of_[root];
+  Run("broadcast",
+      [&](NcclApi::Comm c) { return api_->Broadcast(data, data, bytes, nroot, c, stream_); });
+}
+
+std::vector<std::vector<char>> NcclCommunicator::Allgather(const void* data, size_t bytes) {
+  const int n = topo_.size;
+  // Sizes first (they may differ by rank), then every contribution padded to the largest.
+  int64_t mine = static_cast<int64_t>(bytes);
+  char* scratch = static_cast<char*>(Scratch(sizeof(int64_t) * (n + 1)));
+  std::vector<int64_t> sizes(n);
+  auto check = [](const Status& s) {
+    if (!s.ok()) throw std::runtime_error("NCCL allgather: " + s.message());
+  };
+  check(api_->MemcpyAsync(scratch, &mine, sizeof mine, stream_));
+  Run("allgather sizes", [&](NcclApi::Comm c) {
+    return api_->AllGather(scratch, scratch + sizeof(int64_t), sizeof(int64_t), c, stream_);
+  });
+  check(api_->MemcpyAsync(sizes.data(), scratch + sizeof(int64_t), sizeof(int64_t) * n, stream_));
+  check(api_->StreamSynchronize(stream_));
+  const size_t max = static_cast<size_t>(*std::max_element(sizes.begin(), sizes.end()));
+  std::vector<std::vector<char>> out(n);
+  if (max > 0) {
+    char* buf = static_cast<char*>(Fusion(max * (n + 1)));
+    if (bytes) check(api_->MemcpyAsync(buf, data, bytes, stream_));
+    Run("allgather", [&](NcclApi::Comm c) {
+      return api_->AllGather(buf, buf + max, max, c, stream_);
+    });
+    std::vector<char> host(max * n);
+    check(api_->MemcpyAsync(host.data(), buf + max, max * n, stream_));
+    check(api_->StreamSynchronize(stream_));
+    for (int r = 0; r < n; ++r) {
+      const int from = nccl_rank_of_[r];
+      const char* p = host.data() + max * from;
+      out[r].assign(p, p + sizes[from]);
+    }
+  }
+  return out;
+}
+
+void NcclCommunicator::Barrier() {
+  void* one = Scratch(sizeof(int32_t));
+  Run("barrier", [&](NcclApi::Comm c) {
+    return api_->AllReduce(one, one, 1, DataType::kI32, ReduceOp::kSum, c, stream_);
+  });
+}
+
+StatusOr<int> DeviceForLocalRank(NcclApi* api, int local_rank, int local_size,
+                                 const std::string& host) {
+  int count = 0;
+  Status s = api->DeviceCount(&count);
+  if (!s.ok()) count = 0;
+  if (local_size > count || local_rank >= count) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    return FailedPrecondition(
+        "host " + host + " runs " + std::to_string(local_size) + " worker(s) but this process " +
+        "sees " + std::to_string(count) + " CUDA device(s)" +
+        (visible ? std::string(" (CUDA_VISIBLE_DEVICES=") + visible + ")" : std::string()) +
+        (s.ok() ? std::string() : " [" + s.message() + "]") +
+        ": the NCCL backend needs one GPU per worker; give the host at most " +
+        std::to_string(count) + " slot(s) (-H " + host + ":" + std::to_string(count) +
+        ") or use --backend gloo");
+  }
+  return local_rank;
+}
+
+}  // namespace elastic::worker_agent
