@@ -106,7 +106,8 @@ StatusOr<std::unique_ptr<Agent>> Agent::Create(WorkerEnv env, AgentOptions optio
   std::shared_ptr<worker_agent::NcclApi> nccl_api;
   if (*options.backend != Backend::kGloo) {
     const bool required = *options.backend == Backend::kNccl;
-    auto api = worker_agent::LoadNcclApi();
+    auto api = options.nccl_api ? StatusOr<std::shared_ptr<worker_agent::NcclApi>>(options.nccl_api)
+                                : worker_agent::LoadNcclApi();
     int devices = 0;
     Status why = api.ok() ? (*api)->DeviceCount(&devices) : api.status();
     if (why.ok() && devices == 0) why = FailedPrecondition("no CUDA device is visible");

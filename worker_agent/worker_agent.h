@@ -53,6 +53,8 @@ struct AgentOptions {
   // When a round only removes members, survivors shrink the NCCL communicator instead of a
   // fresh init (ELASTIC_NCCL_SHRINK=0 turns it off).
   bool nccl_shrink = true;
+  // The NCCL to use instead of loading the library (tests give an in-memory stand-in).
+  std::shared_ptr<worker_agent::NcclApi> nccl_api;
 };
 
 class Agent {

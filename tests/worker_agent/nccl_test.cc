@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 
 #include "rendezvous/rendezvous.h"
+#include "rendezvous/service.h"
 #include "worker_agent/nccl_communicator.h"
 #include "worker_agent/worker_agent.h"
 
@@ -71,6 +72,7 @@ struct FakeWorld {
   bool has_revoke = true;
   bool has_shrink = true;
   int devices = 1;
+  std::atomic<int> next_id{0};
   std::atomic<int> peer_error{0};  // the async error every ready comm reports (a peer failed)
   // Observations.
   std::atomic<int> aborts{0}, revokes{0}, shrinks{0};
@@ -130,7 +132,7 @@ class FakeNccl : public NcclApi {
   }
   int GetUniqueId(std::string* id) override {
     id->assign(kUniqueIdBytes, '\0');
-    std::snprintf(id->data(), id->size(), "fake-id-%d", next_id_++);
+    std::snprintf(id->data(), id->size(), "fake-id-%d", w_->next_id++);
     return kSuccess;
   }
   int CommInitRank(Comm* comm, int nranks, const std::string& id, int rank) override {
@@ -260,7 +262,6 @@ class FakeNccl : public NcclApi {
   }
 
   FakeWorld* w_;
-  int next_id_ = 0;
 };
 
 // Proposes round `round` of slots h:0..h:n-1 on `core` and joins them all (the round forms).
@@ -638,6 +639,109 @@ TEST_CASE("nccl: an aborted parent cannot be shrunk (the caller then inits afres
   Status s = c->ConnectByShrink(b.c0.get(), {1}, {0});
   CHECK(s.code() == Code::kFailedPrecondition);
   CHECK(s.message().find("aborted") != std::string::npos);
+}
+
+// --- the agent: which rebuild a round gets ------------------------------------------------------
+
+// Agents as threads of this process, over a real rendezvous gRPC server, real Gloo on loopback
+// and the stand-in NCCL; the test plays the driver (proposes rounds).
+struct AgentJob {
+  FakeWorld w;
+  rendezvous::Core core{rendezvous::CoreOptions{}};
+  std::unique_ptr<rendezvous::Server> server;
+  std::map<std::string, std::unique_ptr<Agent>> agents;
+  AgentJob() {
+    w.devices = 8;
+    rendezvous::ServerOptions so;
+    so.address = "127.0.0.1:0";
+    so.token = "t0ken";
+    server = std::move(rendezvous::Server::Start(&core, so)).value();
+  }
+  Agent& Add(const std::string& slot) {
+    WorkerEnv env;
+    env.driver_addr = "127.0.0.1:" + std::to_string(server->port());
+    env.token = "t0ken";
+    env.slot = slot;
+    env.hostname = slot.substr(0, slot.find(':'));
+    AgentOptions o;
+    o.backend = Backend::kNccl;
+    o.nccl_api = std::make_shared<FakeNccl>(&w);
+    o.nccl.init_timeout = 10s;
+    auto a = Agent::Create(env, o);
+    REQUIRE(a.ok());
+    return *(agents[slot] = std::move(a).value());
+  }
+  // Proposes `round` with `slots` (ranks in that order) and has each agent join it; returns
+  // each agent's rank.
+  void Round(int64_t round, const std::vector<std::string>& slots) {
+    std::map<std::string, rendezvous::Assignment> m;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      auto& a = m[slots[i]];
+      a.rank = static_cast<int>(i);
+      a.size = static_cast<int>(slots.size());
+      a.local_rank = static_cast<int>(i);
+      a.local_size = static_cast<int>(slots.size());
+      a.cross_rank = 0;
+      a.cross_size = 1;
+    }
+    REQUIRE(core.ProposeRound(round, m, {}).ok());
+    std::vector<std::future<std::string>> fs;
+    for (const auto& s : slots) {
+      fs.push_back(std::async(std::launch::async, [this, s, n = slots.size()]() -> std::string {
+        auto joined = agents.at(s)->JoinNextRound(0);
+        if (!joined.ok()) return joined.status().ToString();
+        if (!agents.at(s)->device_comm()) return "no device communicator";
+        // One allreduce on the device communicator: every member takes part.
+        float x = 1.f;
+        agents.at(s)->device_comm()->Allreduce(&x, 1, DataType::kF32, ReduceOp::kSum);
+        return x == static_cast<float>(n) ? "" : "sum " + std::to_string(x);
+      }));
+    }
+    for (auto& f : fs) CHECK(f.get() == "");
+  }
+};
+
+TEST_CASE("nccl agent: a round that only loses members shrinks; a newcomer inits afresh",
+          "[nccl]") {
+  AgentJob job;
+  for (const char* s : {"a:0", "b:0", "c:0"}) job.Add(s);
+  job.Round(0, {"a:0", "b:0", "c:0"});
+  CHECK(job.w.ids_seen.size() == 3);  // a fresh init, one id
+  CHECK(job.w.shrinks.load() == 0);
+  REQUIRE(job.agents.at("a:0")->backend() == Backend::kNccl);
+
+  // b:0 is lost (its process gone: its communicator aborted); the survivors re-form with new
+  // ranks in another order (c first): they shrink, leaving out b's old rank 1.
+  job.agents.erase("b:0");
+  job.Round(1, {"c:0", "a:0"});
+  CHECK(job.w.shrinks.load() == 2);
+  CHECK(job.w.last_exclude == std::vector<int>{1});
+  CHECK(job.w.ids_seen.size() == 3);  // no new init
+  CHECK(job.agents.at("c:0")->device_comm()->nccl_rank() == 1);  // old order: a, then c
+  CHECK(job.agents.at("a:0")->device_comm()->nccl_rank() == 0);
+
+  // A newcomer: no shrink can make it a member, so all init afresh.
+  job.Add("d:0");
+  job.Round(2, {"c:0", "a:0", "d:0"});
+  CHECK(job.w.shrinks.load() == 2);
+  CHECK(job.w.ids_seen.size() == 6);
+}
+
+TEST_CASE("nccl agent: ELASTIC_NCCL_SHRINK=0 always inits afresh", "[nccl]") {
+  AgentJob job;
+  for (const char* s : {"a:0", "b:0", "c:0"}) job.Add(s);
+  job.Round(0, {"a:0", "b:0", "c:0"});
+  job.agents.erase("c:0");
+  setenv("ELASTIC_NCCL_SHRINK", "0", 1);
+  // Options are read at Create: new agents for a and b would lose their state, so check
+  // the switch on fresh agents instead.
+  job.agents.clear();
+  job.Add("a:0");
+  job.Add("b:0");
+  unsetenv("ELASTIC_NCCL_SHRINK");
+  job.Round(1, {"a:0", "b:0"});
+  job.Round(2, {"a:0"});  // would be a shrink (b left) if allowed
+  CHECK(job.w.shrinks.load() == 0);
 }
 
 }  // namespace
