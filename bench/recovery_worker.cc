@@ -1,5 +1,6 @@
-// The training program of recovery_bench: allreduce steps on a 16 MiB model, a commit after
-// every step, until the file named by argv[1] exists (every rank stops after the same step: the
+// The training program of recovery_bench and scale_bench: allreduce steps on a model of
+// argv[2] floats (default 4 Mi: 16 MiB), a commit after every step, until the file named by
+// argv[1] exists (every rank stops after the same step: the
 // ranks agree on it with a max-allreduce). Rank 0 prints JSON lines with wall-clock
 // timestamps: {"event": "train_start"|"step", "round": R, "size": N, "ts": T}.
 #include <sys/stat.h>
@@ -23,7 +24,8 @@ double Now() {
 int main(int argc, char** argv) {
   std::string stop_file = argc > 1 ? argv[1] : "/nonexistent";
   ObjectState state;
-  std::vector<float> model(4u << 20, 0.0f);  // 16 MiB
+  const size_t floats = argc > 2 ? std::stoul(argv[2]) : 4u << 20;
+  std::vector<float> model(floats, 0.0f);
   std::vector<float> grad(model.size());
   int64_t step = 0;
   state.Track("model", model.data(), model.size() * sizeof(float));

@@ -24,9 +24,13 @@ Client::Client(ClientOptions options) : options_(std::move(options)) {
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Large enough that a Get of many keys needs no flow-control round trip.
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 4 << 20);
-  // Reconnect quickly: the driver may come up a moment after its workers try it.
+  // Reconnect quickly: the driver may come up a moment after its workers try it. Not through
+  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC also takes it as the connect timeout, and with
+  // dozens of workers connecting at once a 50 ms connect fails, the channel goes to
+  // TRANSIENT_FAILURE and calls wait for gRPC's 5 s backup poller (round 0 of 32 workers took
+  // 5-10 s). The connect timeout stays gRPC's (20 s); calls wait for the channel to be ready
+  // (Prepare), each within its own deadline.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   // Each client its own connection, so simulated workers in one process are like real ones.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
@@ -39,6 +43,9 @@ Client::~Client() = default;
 
 void Client::Prepare(grpc::ClientContext* ctx, TimePoint deadline) const {
   ctx->AddMetadata("x-elastic-token", options_.token);
+  // A call on a channel still connecting (or between attempts) waits for it, up to the
+  // call's deadline, instead of failing at once.
+  ctx->set_wait_for_ready(true);
   auto left = deadline - SteadyClock::now();
   ctx->set_deadline(std::chrono::system_clock::now() +
                     std::chrono::duration_cast<std::chrono::system_clock::duration>(left));

@@ -12,7 +12,9 @@
 #include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <csignal>
 #include <cstring>
 #include <thread>
@@ -174,12 +176,14 @@ void Signal(const std::shared_ptr<void>& pairs, const std::string& msg) {
   if (pairs) SignalTcpContext(static_cast<gloo::transport::Context*>(pairs.get()), msg);
 }
 
-// One rank's published addresses: for every rank, the address of this rank's pair for it
-// (empty for itself), each as a 4-byte length and the bytes.
-std::string EncodeAddresses(const std::vector<std::vector<char>>& per_rank) {
+// One rank's published addresses: for each peer, its rank (4 bytes), the address length (4
+// bytes) and the address of this rank's pair for that peer.
+std::string EncodeAddresses(const std::vector<std::pair<int, std::vector<char>>>& per_peer) {
   std::string out;
-  for (const auto& a : per_rank) {
+  for (const auto& [peer, a] : per_peer) {
+    int32_t r = peer;
     uint32_t n = static_cast<uint32_t>(a.size());
+    out.append(reinterpret_cast<const char*>(&r), sizeof r);
     out.append(reinterpret_cast<const char*>(&n), sizeof n);
     out.append(a.data(), a.size());
   }
@@ -188,11 +192,13 @@ std::string EncodeAddresses(const std::vector<std::vector<char>>& per_rank) {
 
 StatusOr<std::vector<char>> AddressFor(const std::string& blob, int rank, int peer) {
   size_t off = 0;
-  for (int r = 0;; ++r) {
+  while (true) {
+    int32_t r = -1;
     uint32_t n = 0;
-    if (off + sizeof n > blob.size()) break;
-    std::memcpy(&n, blob.data() + off, sizeof n);
-    off += sizeof n;
+    if (off + sizeof r + sizeof n > blob.size()) break;
+    std::memcpy(&r, blob.data() + off, sizeof r);
+    std::memcpy(&n, blob.data() + off + sizeof r, sizeof n);
+    off += sizeof r + sizeof n;
     if (off + n > blob.size()) break;
     if (r == rank) return std::vector<char>(blob.data() + off, blob.data() + off + n);
     off += n;
@@ -288,15 +294,27 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::New(const Topology
   }
 }
 
+std::vector<int> GlooPeers(int rank, int size) {
+  std::vector<int> out;
+  for (long d = 1; d < size; d <<= 1) {
+    out.push_back(static_cast<int>((rank + d) % size));
+    out.push_back(static_cast<int>((rank - d % size + size) % size));
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  out.erase(std::remove(out.begin(), out.end(), rank), out.end());
+  return out;
+}
+
 Status GlooCommunicator::Connect(RoundStore* store) {
   Status s;
   try {
     s = ConnectPairs(store);
   } catch (const std::exception& e) {
-    s = Unavailable(std::string("connecting the Gloo full mesh failed: ") + e.what());
+    s = Unavailable(std::string("connecting the Gloo pairs failed: ") + e.what());
   }
   if (!s.ok() && aborted_.load()) {
-    return Aborted("connecting the Gloo full mesh was aborted (a peer of this round is gone): " +
+    return Aborted("connecting the Gloo pairs was aborted (a peer of this round is gone): " +
                    s.message());
   }
   return s;
@@ -308,11 +326,19 @@ Status GlooCommunicator::ConnectPairs(RoundStore* store) {
   auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(options_.connect_timeout);
   std::shared_ptr<gloo::transport::Context> pairs = device->createContext(topo_.rank, topo_.size);
   pairs->setTimeout(timeout);
-  std::vector<std::vector<char>> mine(topo_.size);
+  std::vector<int> peers_to;
+  const char* full_env = std::getenv("ELASTIC_GLOO_FULL_MESH");
+  if (options_.full_mesh || (full_env && std::string(full_env) == "1")) {
+    for (int i = 0; i < topo_.size; ++i) {
+      if (i != topo_.rank) peers_to.push_back(i);
+    }
+  } else {
+    peers_to = GlooPeers(topo_.rank, topo_.size);
+  }
+  std::vector<std::pair<int, std::vector<char>>> mine;
   std::vector<std::string> keys;
-  for (int i = 0; i < topo_.size; ++i) {
-    if (i == topo_.rank) continue;
-    mine[i] = pairs->createPair(i)->address().bytes();
+  for (int i : peers_to) {
+    mine.emplace_back(i, pairs->createPair(i)->address().bytes());
     keys.push_back(std::to_string(i));
   }
   {
@@ -325,8 +351,7 @@ Status GlooCommunicator::ConnectPairs(RoundStore* store) {
   if (!keys.empty()) {
     ASSIGN_OR_RETURN(std::vector<std::string> peers, store->Get(keys, options_.connect_timeout));
     size_t k = 0;
-    for (int i = 0; i < topo_.size; ++i) {
-      if (i == topo_.rank) continue;
+    for (int i : peers_to) {
       ASSIGN_OR_RETURN(std::vector<char> addr, AddressFor(peers[k++], topo_.rank, i));
       if (aborted_.load()) return Aborted("the communicator was aborted while connecting");
       pairs->getPair(i)->connect(addr);

@@ -34,7 +34,16 @@ struct GlooOptions {
   Duration connect_timeout = std::chrono::seconds(60);
   Duration collective_timeout = std::chrono::seconds(300);
   size_t fusion_bytes = 64u << 20;
+  // Connect every pair (N-1 per rank) instead of the ones Gloo's algorithms use (GlooPeers).
+  // Default: ELASTIC_GLOO_FULL_MESH=1 in the environment, else off.
+  bool full_mesh = false;
 };
+
+// The ranks `rank` connects to in a communicator of `size`: those at distances +-2^k (mod
+// size). Gloo's ring allreduce, allgather and allgatherv use +-1, its broadcast (a binomial
+// tree in the root's numbering) and its dissemination barrier +-2^k: about 2 log2(size) pairs
+// per rank, not size - 1. Sorted, without `rank`.
+std::vector<int> GlooPeers(int rank, int size);
 
 class GlooCommunicator : public Communicator {
  public:
@@ -43,8 +52,9 @@ class GlooCommunicator : public Communicator {
   // Sets SIGPIPE to ignored for the process: a dead peer must not kill this one.
   static StatusOr<std::unique_ptr<GlooCommunicator>> New(const Topology& topo,
                                                          const GlooOptions& options);
-  // Connects the full mesh through `store`: publishes this rank's addresses under key
-  // "<rank>", waits for every peer's (one Get), connects every pair. Blocks up to the connect
+  // Connects the pairs through `store`: publishes the addresses of this rank's pairs (one per
+  // peer of GlooPeers, or every rank with full_mesh) under key "<rank>", fetches its peers'
+  // keys (one Get), connects each pair. Blocks up to the connect
   // timeout. ABORTED when Abort() came before or during it (from any thread: the store wait
   // is the caller's to cancel, the pairs are failed here); UNAVAILABLE / DEADLINE_EXCEEDED
   // (with Gloo's message) when peers do not show up. Call once.

@@ -6,6 +6,7 @@
 #include <gloo/transport/tcp/address.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -180,6 +181,52 @@ TEST_CASE("gloo: broadcast, allgather of different sizes, barrier", "[unit]") {
   for (auto& f : failures) WARN(f);
 }
 
+TEST_CASE("gloo: the pairs are those at distances +-2^k", "[unit]") {
+  CHECK(GlooPeers(0, 1).empty());
+  CHECK(GlooPeers(0, 2) == std::vector<int>{1});
+  CHECK(GlooPeers(0, 5) == std::vector<int>{1, 2, 3, 4});  // small: every pair anyway
+  CHECK(GlooPeers(3, 12) == std::vector<int>{1, 2, 4, 5, 7, 11});  // 3 +- 1, 2, 4, 8 mod 12
+  for (int n : {9, 12, 64, 128, 1000}) {
+    for (int r = 0; r < n; ++r) {
+      auto p = GlooPeers(r, n);
+      INFO("rank " << r << " of " << n);
+      REQUIRE(p.size() <= 2 * static_cast<size_t>(std::ceil(std::log2(n))));
+      for (int q : p) {  // symmetric: both ends create the pair
+        auto back = GlooPeers(q, n);
+        REQUIRE(std::find(back.begin(), back.end(), r) != back.end());
+      }
+    }
+  }
+}
+
+TEST_CASE("gloo: every collective and every broadcast root on a partial mesh (12, 13 ranks)",
+          "[unit]") {
+  // At these sizes some pairs are not connected (3 and 6 apart at 12): every algorithm must
+  // use only the ones that are.
+  int n = GENERATE(12, 13);
+  auto failures = RunRanks(n, [](GlooCommunicator& c) {
+    AllDtypes(c, ReduceOp::kSum);
+    for (int root = 0; root < c.size(); ++root) {
+      std::vector<int32_t> v(1000, c.rank() == root ? root + 7 : -1);
+      c.Broadcast(v.data(), v.size() * 4, root);
+      for (int32_t x : v) {
+        if (x != root + 7) throw std::runtime_error("broadcast from " + std::to_string(root));
+      }
+    }
+    std::string mine(static_cast<size_t>(c.rank()) + 1, static_cast<char>('a' + c.rank()));
+    auto all = c.Allgather(mine.data(), mine.size());
+    for (int r = 0; r < c.size(); ++r) {
+      if (std::string(all[r].begin(), all[r].end()) != std::string(r + 1, 'a' + r))
+        throw std::runtime_error("allgather content");
+    }
+    std::vector<float> same(64, 1.f);
+    c.Allgather(same.data(), same.size() * 4);  // equal sizes: Gloo's allgather, not allgatherv
+    for (int i = 0; i < 3; ++i) c.Barrier();
+  });
+  CHECK(failures.empty());
+  for (auto& f : failures) WARN(f);
+}
+
 TEST_CASE("gloo: fusion of 1000 tensors of mixed sizes and dtypes", "[unit]") {
   size_t fusion = GENERATE(size_t{64} << 20, size_t{4096});  // one bucket, and many
   auto failures = RunRanks(
@@ -331,12 +378,13 @@ TEST_CASE("gloo: abort from another thread fails a communicator that is still co
   sockaddr_storage ss{};
   std::memcpy(&ss, &peer, sizeof peer);
   std::vector<char> addr = gloo::transport::tcp::Address(ss, 0).bytes();
+  // Rank 1's key: its pair for peer rank 0 (4-byte rank, 4-byte length, the address).
   std::string blob;
-  for (int r = 0; r < 2; ++r) {
-    uint32_t n = r == 0 ? static_cast<uint32_t>(addr.size()) : 0;
-    blob.append(reinterpret_cast<const char*>(&n), sizeof n);
-    if (r == 0) blob.append(addr.data(), addr.size());
-  }
+  int32_t for_rank = 0;
+  uint32_t n = static_cast<uint32_t>(addr.size());
+  blob.append(reinterpret_cast<const char*>(&for_rank), sizeof for_rank);
+  blob.append(reinterpret_cast<const char*>(&n), sizeof n);
+  blob.append(addr.data(), addr.size());
   SilentPeerStore store(blob);
   GlooOptions opts;
   opts.connect_timeout = std::chrono::seconds(30);
