@@ -1,8 +1,12 @@
 // rendezvous_bench: N simulated workers (threads, each with its own gRPC channel) Join a round,
-// then each does one Set and one Get of all N keys, the pattern of Gloo's full-mesh set-up.
-// The server runs in a child process so that its peak memory (VmHWM) is its own.
+// then each does one Set of its pair addresses and one Get of its Gloo peers' keys (GlooPeers:
+// about 2 log2 N), the pattern of the communicator's set-up. `--full-mesh` Gets all N keys
+// instead (the old full-mesh pattern: N^2 values through the server). The server runs in a
+// child process, so that its peak memory (VmHWM) and CPU time are its own: the CPU per joining
+// worker is the server's cost; the wall time also holds N client threads sharing this
+// machine's cores with it.
 //
-//   build/bench/rendezvous_bench [N ...]     (default: 16 64 256 1024)
+//   build/bench/rendezvous_bench [--full-mesh] [N ...]     (default: 16 64 256 1024)
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +20,7 @@
 #include <vector>
 
 #include "rendezvous/rendezvous.h"
+#include "worker_agent/gloo_communicator.h"
 
 using namespace elastic;
 using namespace elastic::rendezvous;
@@ -65,8 +70,11 @@ struct Result {
   double seconds = 0;
   long server_peak_kib = 0;
   double server_cpu = 0;
+  double client_cpu = 0;  // this process: the N client threads and their gRPC channels
   int failures = 0;
 };
+
+bool g_full_mesh = false;
 
 Result RunOnce(int n) {
   int to_parent[2], to_child[2];
@@ -90,8 +98,6 @@ Result RunOnce(int n) {
   if (read(to_parent[0], &port, sizeof port) != sizeof port) std::abort();
   std::string address = "127.0.0.1:" + std::to_string(port);
 
-  std::vector<std::string> keys;
-  for (int i = 0; i < n; ++i) keys.push_back(std::to_string(i));
   std::atomic<int> ready{0}, failures{0};
   std::atomic<bool> go{false};
   std::vector<std::thread> threads;
@@ -105,14 +111,27 @@ Result RunOnce(int n) {
       while (!go.load()) std::this_thread::yield();
       auto a = client.Join(Slot(i), -1, 0, std::chrono::seconds(60));
       bool ok = a.ok() && a->assignment.rank == i;
-      ok = ok && client.Set(0, std::to_string(i), std::string(64, 'a' + i % 26)).ok();
+      std::vector<std::string> keys;
+      if (g_full_mesh) {
+        for (int k = 0; k < n; ++k) keys.push_back(std::to_string(k));
+      } else {
+        for (int k : elastic::worker_agent::GlooPeers(i, n)) keys.push_back(std::to_string(k));
+      }
+      // A pair address is ~140 bytes (Gloo's tcp::Address); one per key asked for.
+      ok = ok && client.Set(0, std::to_string(i), std::string(140 * keys.size(), 'a' + i % 26)).ok();
       auto v = ok ? client.Get(0, keys, std::chrono::seconds(60))
                   : StatusOr<std::vector<std::string>>(Internal("skipped"));
-      ok = ok && v.ok() && v->size() == static_cast<size_t>(n);
+      ok = ok && v.ok() && v->size() == keys.size();
       if (!ok) failures.fetch_add(1);
     });
   }
   while (ready.load() < n) std::this_thread::yield();
+  auto cpu = [] {
+    struct rusage u {};
+    getrusage(RUSAGE_SELF, &u);
+    return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+  };
+  const double cpu0 = cpu();
   auto start = std::chrono::steady_clock::now();
   go.store(true);
   for (auto& t : threads) t.join();
@@ -120,6 +139,7 @@ Result RunOnce(int n) {
   close(to_child[1]);
   Result r;
   r.seconds = secs;
+  r.client_cpu = cpu() - cpu0;
   r.failures = failures.load();
   if (read(to_parent[0], &r.server_peak_kib, sizeof r.server_peak_kib) != sizeof(long)) {
     r.server_peak_kib = -1;
@@ -138,15 +158,23 @@ Result RunOnce(int n) {
 int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--serve") Serve(std::atoi(argv[2]), 1, 0);
   std::vector<int> sizes;
-  for (int i = 1; i < argc; ++i) sizes.push_back(std::atoi(argv[i]));
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--full-mesh") {
+      g_full_mesh = true;
+    } else {
+      sizes.push_back(std::atoi(argv[i]));
+    }
+  }
   if (sizes.empty()) sizes = {16, 64, 256, 1024};
-  std::printf("rendezvous_bench: Join + Set + Get(all N keys) per worker, one channel each\n");
-  std::printf("%8s %14s %18s %12s %10s\n", "workers", "round+exchange", "server peak RSS",
-              "server CPU", "failures");
+  std::printf("rendezvous_bench: Join + Set + Get(%s) per worker, one channel each\n",
+              g_full_mesh ? "all N keys" : "its Gloo peers' keys");
+  std::printf("%8s %14s %18s %12s %16s %12s %10s\n", "workers", "round+exchange",
+              "server peak RSS", "server CPU", "CPU per worker", "client CPU", "failures");
   for (int n : sizes) {
     Result r = RunOnce(n);
-    std::printf("%8d %12.3f s %14.1f MiB %10.2f s %10d\n", n, r.seconds, r.server_peak_kib / 1024.0,
-                r.server_cpu, r.failures);
+    std::printf("%8d %12.3f s %14.1f MiB %10.2f s %13.2f ms %10.2f s %10d\n", n, r.seconds,
+                r.server_peak_kib / 1024.0, r.server_cpu, r.server_cpu * 1000 / n, r.client_cpu,
+                r.failures);
     std::fflush(stdout);
   }
   return 0;

@@ -1,8 +1,10 @@
 #include "rendezvous/client.h"
 
+#include <absl/synchronization/mutex.h>
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <mutex>
 #include <thread>
 
 #include "proto/elastic.grpc.pb.h"
@@ -14,7 +16,13 @@ struct Client::Stub {
   std::unique_ptr<v1::Rendezvous::Stub> stub;
 };
 
+void TuneGrpcRuntime() {
+  static std::once_flag once;
+  std::call_once(once, [] { absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore); });
+}
+
 Client::Client(ClientOptions options) : options_(std::move(options)) {
+  TuneGrpcRuntime();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);

@@ -140,6 +140,8 @@ void Core::WithdrawRound(int64_t round) {
 
 void Core::TryForm(std::vector<Completion>* out) {
   if (proposed_.round < 0 || proposed_.state_lost_reported) return;
+  // Not every member waits yet: nothing to look at (keeps a Join O(1) until the last ones).
+  if (join_by_slot_.size() < proposed_.members.size()) return;
   for (const auto& [slot, a] : proposed_.members) {
     auto it = join_by_slot_.find(slot);
     if (it == join_by_slot_.end()) return;

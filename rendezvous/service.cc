@@ -8,6 +8,7 @@
 #include <set>
 
 #include "proto/elastic.grpc.pb.h"
+#include "rendezvous/client.h"
 #include "rendezvous/convert.h"
 
 namespace elastic::rendezvous {
@@ -311,6 +312,7 @@ grpc::ServerUnaryReactor* RendezvousService::Status(grpc::CallbackServerContext*
 }
 
 StatusOr<std::unique_ptr<Server>> Server::Start(Core* core, ServerOptions options) {
+  TuneGrpcRuntime();
   if (options.token.empty()) return InvalidArgument("the job token must not be empty");
   std::unique_ptr<Server> s(new Server());
   s->core_ = core;
