@@ -106,10 +106,22 @@ StatusOr<std::unique_ptr<Agent>> Agent::Create(WorkerEnv env, AgentOptions optio
   std::shared_ptr<worker_agent::NcclApi> nccl_api;
   if (*options.backend != Backend::kGloo) {
     const bool required = *options.backend == Backend::kNccl;
-    auto api = options.nccl_api ? StatusOr<std::shared_ptr<worker_agent::NcclApi>>(options.nccl_api)
-                                : worker_agent::LoadNcclApi();
+    // The device count first, through the CUDA runtime alone: a CPU machine never loads NCCL.
     int devices = 0;
-    Status why = api.ok() ? (*api)->DeviceCount(&devices) : api.status();
+    StatusOr<std::shared_ptr<worker_agent::NcclApi>> api = FailedPrecondition("not loaded");
+    Status why;
+    if (options.nccl_api) {
+      api = options.nccl_api;
+      why = options.nccl_api->DeviceCount(&devices);
+    } else {
+      auto visible = worker_agent::VisibleCudaDevices();
+      why = visible.status();
+      if (visible.ok()) devices = *visible;
+      if (why.ok() && devices > 0) {
+        api = worker_agent::LoadNcclApi();
+        why = api.status();
+      }
+    }
     if (why.ok() && devices == 0) why = FailedPrecondition("no CUDA device is visible");
     if (why.ok()) {
       backend = Backend::kNccl;

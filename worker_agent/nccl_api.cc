@@ -19,6 +19,10 @@ namespace elastic::worker_agent {
 
 bool NcclBackendBuilt() { return false; }
 
+StatusOr<int> VisibleCudaDevices() {
+  return FailedPrecondition("this build of elastic has no NCCL backend");
+}
+
 StatusOr<std::shared_ptr<NcclApi>> LoadNcclApi() {
   return FailedPrecondition(
       "this build of elastic has no NCCL backend (CMake did not find nccl.h and "
@@ -86,15 +90,18 @@ ncclRedOp_t NcclOp(ReduceOp op) {
   return ncclSum;
 }
 
+Status OpenCudart(Library* lib) {
+  const char* cudart_env = std::getenv("ELASTIC_CUDART_LIBRARY");
+  return lib->Open({cudart_env ? cudart_env : "", "libcudart.so.13", "libcudart.so.12",
+                    "libcudart.so", ELASTIC_CUDART_BUILD_PATH},
+                   "the CUDA runtime (set ELASTIC_CUDART_LIBRARY to its path)");
+}
+
 class DlNcclApi : public NcclApi {
  public:
   Status Load() {
     const char* nccl_env = std::getenv("ELASTIC_NCCL_LIBRARY");
-    const char* cudart_env = std::getenv("ELASTIC_CUDART_LIBRARY");
-    RETURN_IF_ERROR(cudart_.Open(
-        {cudart_env ? cudart_env : "", "libcudart.so.13", "libcudart.so.12", "libcudart.so",
-         ELASTIC_CUDART_BUILD_PATH},
-        "the CUDA runtime (set ELASTIC_CUDART_LIBRARY to its path)"));
+    RETURN_IF_ERROR(OpenCudart(&cudart_));
     RETURN_IF_ERROR(nccl_.Open({nccl_env ? nccl_env : "", "libnccl.so.2",
                                         "libnccl.so", ELASTIC_NCCL_BUILD_PATH},
                                        "NCCL (set ELASTIC_NCCL_LIBRARY to its path)"));
@@ -263,6 +270,22 @@ class DlNcclApi : public NcclApi {
 };
 
 }  // namespace
+
+StatusOr<int> VisibleCudaDevices() {
+  Library cudart;
+  RETURN_IF_ERROR(OpenCudart(&cudart));
+  cudaError_t (*count)(int*) = nullptr;
+  const char* (*error_string)(cudaError_t) = nullptr;
+  RETURN_IF_ERROR(cudart.Get("cudaGetDeviceCount", &count));
+  RETURN_IF_ERROR(cudart.Get("cudaGetErrorString", &error_string));
+  int n = 0;
+  cudaError_t r = count(&n);
+  if (r != cudaSuccess) {
+    const char* why = error_string(r);
+    return FailedPrecondition(std::string("cudaGetDeviceCount: ") + (why ? why : "CUDA error"));
+  }
+  return n;  // the runtime stays loaded (dlclose of the CUDA runtime is not safe)
+}
 
 StatusOr<std::shared_ptr<NcclApi>> LoadNcclApi() {
   // Loaded once per process; a failure is remembered too (the libraries will not appear).

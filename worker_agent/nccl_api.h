@@ -67,6 +67,10 @@ class NcclApi {
 // Whether this build has the NCCL backend (built with NCCL's and CUDA's headers).
 bool NcclBackendBuilt();
 
+// How many CUDA devices this process sees, through the CUDA runtime alone (NCCL is not loaded):
+// an error when the build has no NCCL backend, the runtime cannot be loaded or has no driver.
+StatusOr<int> VisibleCudaDevices();
+
 // The process's NCCL and CUDA runtime, loaded once: ELASTIC_NCCL_LIBRARY / ELASTIC_CUDART_LIBRARY
 // when set, else libnccl.so.2 and libcudart.so.{13,12,} from the library path, else the ones
 // found at build time. FAILED_PRECONDITION saying what is missing (and how to fix it) when the
