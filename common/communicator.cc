@@ -1,5 +1,7 @@
 #include "common/communicator.h"
 
+#include <algorithm>
+
 namespace elastic {
 
 size_t DataTypeSize(DataType dtype) {
@@ -50,6 +52,31 @@ const char* ReduceOpName(ReduceOp op) {
       return "max";
   }
   return "?";
+}
+
+void ForEachFusionBucket(const std::vector<TensorView>& tensors, size_t cap,
+                         const std::function<void(const TensorView&)>& alone,
+                         const std::function<void(size_t, size_t, size_t)>& bucket) {
+  cap = std::max<size_t>(cap, 8);
+  size_t i = 0;
+  while (i < tensors.size()) {
+    const TensorView& first = tensors[i];
+    const size_t esize = DataTypeSize(first.dtype);
+    size_t j = i;
+    size_t bytes = 0;
+    while (j < tensors.size() && tensors[j].dtype == first.dtype &&
+           bytes + tensors[j].count * esize <= cap) {
+      bytes += tensors[j].count * esize;
+      ++j;
+    }
+    if (j <= i + 1) {  // too big to fuse, or a bucket of one
+      alone(first);
+      ++i;
+      continue;
+    }
+    bucket(i, j, bytes);
+    i = j;
+  }
 }
 
 }  // namespace elastic

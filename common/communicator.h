@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -40,6 +41,14 @@ struct TensorView {
   size_t count = 0;
   DataType dtype = DataType::kF32;
 };
+
+// The fusion buckets of AllreduceMany: consecutive tensors of one dtype that fit together in
+// `cap` bytes. Calls `bucket(begin, end, bytes)` for each bucket of two or more tensors, and
+// `alone(tensor)` for a tensor that is too big to fuse or alone in its bucket (reduced in
+// place, without copies).
+void ForEachFusionBucket(const std::vector<TensorView>& tensors, size_t cap,
+                         const std::function<void(const TensorView&)>& alone,
+                         const std::function<void(size_t begin, size_t end, size_t bytes)>& bucket);
 
 class Communicator {
  public:

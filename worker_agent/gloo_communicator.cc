@@ -473,38 +473,24 @@ void GlooCommunicator::Allreduce(void* data, size_t count, DataType dtype, Reduc
 }
 
 void GlooCommunicator::AllreduceMany(const std::vector<TensorView>& tensors, ReduceOp op) {
-  const size_t cap = std::max<size_t>(options_.fusion_bytes, 8);
-  size_t i = 0;
-  while (i < tensors.size()) {
-    const TensorView& first = tensors[i];
-    const size_t esize = DataTypeSize(first.dtype);
-    if (first.count * esize >= cap) {  // too big to fuse: reduce in place
-      Allreduce(first.data, first.count, first.dtype, op);
-      ++i;
-      continue;
-    }
-    // A bucket: consecutive tensors of the same dtype that fit in the fusion buffer.
-    size_t j = i;
-    size_t bytes = 0;
-    while (j < tensors.size() && tensors[j].dtype == first.dtype &&
-           bytes + tensors[j].count * esize <= cap) {
-      bytes += tensors[j].count * esize;
-      ++j;
-    }
-    if (fusion_.size() < bytes) fusion_.resize(bytes);
-    size_t off = 0;
-    for (size_t k = i; k < j; ++k) {
-      std::memcpy(fusion_.data() + off, tensors[k].data, tensors[k].count * esize);
-      off += tensors[k].count * esize;
-    }
-    Allreduce(fusion_.data(), bytes / esize, first.dtype, op);
-    off = 0;
-    for (size_t k = i; k < j; ++k) {
-      std::memcpy(tensors[k].data, fusion_.data() + off, tensors[k].count * esize);
-      off += tensors[k].count * esize;
-    }
-    i = j;
-  }
+  ForEachFusionBucket(
+      tensors, options_.fusion_bytes,
+      [&](const TensorView& t) { Allreduce(t.data, t.count, t.dtype, op); },
+      [&](size_t begin, size_t end, size_t bytes) {
+        const size_t esize = DataTypeSize(tensors[begin].dtype);
+        if (fusion_.size() < bytes) fusion_.resize(bytes);
+        size_t off = 0;
+        for (size_t k = begin; k < end; ++k) {
+          std::memcpy(fusion_.data() + off, tensors[k].data, tensors[k].count * esize);
+          off += tensors[k].count * esize;
+        }
+        Allreduce(fusion_.data(), bytes / esize, tensors[begin].dtype, op);
+        off = 0;
+        for (size_t k = begin; k < end; ++k) {
+          std::memcpy(tensors[k].data, fusion_.data() + off, tensors[k].count * esize);
+          off += tensors[k].count * esize;
+        }
+      });
 }
 
 void GlooCommunicator::Broadcast(void* data, size_t bytes, int root) {

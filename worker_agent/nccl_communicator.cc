@@ -318,28 +318,16 @@ void NcclCommunicator::WaitStream(const char* what) {
   running_.store(false);
 }
 
-void* NcclCommunicator::Scratch(size_t bytes) {
-  if (scratch_bytes_ < bytes) {
-    if (scratch_) (void)api_->Free(scratch_);
-    scratch_ = nullptr;
-    scratch_bytes_ = 0;
-    Status s = api_->Malloc(&scratch_, bytes);
-    if (!s.ok()) throw std::runtime_error("NCCL scratch buffer: " + s.message());
-    scratch_bytes_ = bytes;
+void* NcclCommunicator::Grow(void** buf, size_t* size, size_t bytes, const char* what) {
+  if (*size < bytes) {
+    if (*buf) (void)api_->Free(*buf);
+    *buf = nullptr;
+    *size = 0;
+    Status s = api_->Malloc(buf, bytes);
+    if (!s.ok()) throw std::runtime_error(std::string("NCCL ") + what + " buffer: " + s.message());
+    *size = bytes;
   }
-  return scratch_;
-}
-
-void* NcclCommunicator::Fusion(size_t bytes) {
-  if (fusion_size_ < bytes) {
-    if (fusion_) (void)api_->Free(fusion_);
-    fusion_ = nullptr;
-    fusion_size_ = 0;
-    Status s = api_->Malloc(&fusion_, bytes);
-    if (!s.ok()) throw std::runtime_error("NCCL fusion buffer: " + s.message());
-    fusion_size_ = bytes;
-  }
-  return fusion_;
+  return *buf;
 }
 
 void NcclCommunicator::Allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
@@ -350,45 +338,27 @@ void NcclCommunicator::Allreduce(void* data, size_t count, DataType dtype, Reduc
 }
 
 void NcclCommunicator::AllreduceMany(const std::vector<TensorView>& tensors, ReduceOp op) {
-  const size_t cap = std::max<size_t>(options_.fusion_bytes, 8);
-  size_t i = 0;
-  while (i < tensors.size()) {
-    const TensorView& first = tensors[i];
-    const size_t esize = DataTypeSize(first.dtype);
-    if (first.count * esize >= cap) {  // too big to fuse: reduce in place
-      Allreduce(first.data, first.count, first.dtype, op);
-      ++i;
-      continue;
-    }
-    size_t j = i;
-    size_t bytes = 0;
-    while (j < tensors.size() && tensors[j].dtype == first.dtype &&
-           bytes + tensors[j].count * esize <= cap) {
-      bytes += tensors[j].count * esize;
-      ++j;
-    }
-    if (j == i + 1) {  // a bucket of one: no copies
-      Allreduce(first.data, first.count, first.dtype, op);
-      ++i;
-      continue;
-    }
-    char* fusion = static_cast<char*>(Fusion(bytes));
-    auto copy = [&](bool in) {
-      size_t off = 0;
-      for (size_t k = i; k < j; ++k) {
-        size_t n = tensors[k].count * esize;
-        Status s = in ? api_->MemcpyAsync(fusion + off, tensors[k].data, n, stream_)
-                      : api_->MemcpyAsync(tensors[k].data, fusion + off, n, stream_);
-        if (!s.ok()) throw std::runtime_error("NCCL fusion copy: " + s.message());
-        off += n;
-      }
-    };
-    copy(true);
-    Allreduce(fusion, bytes / esize, first.dtype, op);
-    copy(false);
-    WaitStream("fusion copy-out");
-    i = j;
-  }
+  ForEachFusionBucket(
+      tensors, options_.fusion_bytes,
+      [&](const TensorView& t) { Allreduce(t.data, t.count, t.dtype, op); },
+      [&](size_t begin, size_t end, size_t bytes) {
+        const size_t esize = DataTypeSize(tensors[begin].dtype);
+        char* fusion = static_cast<char*>(Grow(&fusion_, &fusion_size_, bytes, "fusion"));
+        auto copy = [&](bool in) {
+          size_t off = 0;
+          for (size_t k = begin; k < end; ++k) {
+            size_t n = tensors[k].count * esize;
+            Status s = in ? api_->MemcpyAsync(fusion + off, tensors[k].data, n, stream_)
+                          : api_->MemcpyAsync(tensors[k].data, fusion + off, n, stream_);
+            if (!s.ok()) throw std::runtime_error("NCCL fusion copy: " + s.message());
+            off += n;
+          }
+        };
+        copy(true);
+        Allreduce(fusion, bytes / esize, tensors[begin].dtype, op);
+        copy(false);
+        WaitStream("fusion copy-out");
+      });
 }
 
 void NcclCommunicator::Broadcast(void* data, size_t bytes, int root) {
@@ -405,7 +375,7 @@ std::vector<std::vector<char>> NcclCommunicator::Allgather(const void* data, siz
   const int n = topo_.size;
   // Sizes first (they may differ by rank), then every contribution padded to the largest.
   int64_t mine = static_cast<int64_t>(bytes);
-  char* scratch = static_cast<char*>(Scratch(sizeof(int64_t) * (n + 1)));
+  char* scratch = static_cast<char*>(Grow(&scratch_, &scratch_bytes_, sizeof(int64_t) * (n + 1), "scratch"));
   std::vector<int64_t> sizes(n);
   auto check = [](const Status& s) {
     if (!s.ok()) throw std::runtime_error("NCCL allgather: " + s.message());
@@ -419,7 +389,7 @@ std::vector<std::vector<char>> NcclCommunicator::Allgather(const void* data, siz
   const size_t max = static_cast<size_t>(*std::max_element(sizes.begin(), sizes.end()));
   std::vector<std::vector<char>> out(n);
   if (max > 0) {
-    char* buf = static_cast<char*>(Fusion(max * (n + 1)));
+    char* buf = static_cast<char*>(Grow(&fusion_, &fusion_size_, max * (n + 1), "fusion"));
     if (bytes) check(api_->MemcpyAsync(buf, data, bytes, stream_));
     Run("allgather", [&](NcclApi::Comm c) {
       return api_->AllGather(buf, buf + max, max, c, stream_);
@@ -437,7 +407,7 @@ std::vector<std::vector<char>> NcclCommunicator::Allgather(const void* data, siz
 }
 
 void NcclCommunicator::Barrier() {
-  void* one = Scratch(sizeof(int32_t));
+  void* one = Grow(&scratch_, &scratch_bytes_, sizeof(int32_t), "scratch");
   Run("barrier", [&](NcclApi::Comm c) {
     return api_->AllReduce(one, one, 1, DataType::kI32, ReduceOp::kSum, c, stream_);
   });

@@ -100,8 +100,8 @@ class NcclCommunicator : public Communicator {
   // and the collective deadline; throws WorkerLostError for each.
   void WaitStream(const char* what);
   [[noreturn]] void Fail(const std::string& what);
-  void* Scratch(size_t bytes);  // device scratch, grown on demand
-  void* Fusion(size_t bytes);   // device fusion buffer, grown on demand up to fusion_bytes
+  // A device buffer (`*buf` of `*size` bytes), grown to at least `bytes` on demand.
+  void* Grow(void** buf, size_t* size, size_t bytes, const char* what);
   std::string Describe(int result);
 
   std::shared_ptr<NcclApi> api_;
