@@ -66,6 +66,13 @@ Status Client::Retry(TimePoint deadline, Fn&& attempt) {
     grpc::ClientContext ctx;
     Prepare(&ctx, deadline);
     Status s = FromGrpc(attempt(&ctx));
+    // A deadline that passed while the call waited for a connection (the driver is gone or
+    // not reachable) is the driver's unavailability, as a failed attempt would have said.
+    if (s.code() == Code::kDeadlineExceeded &&
+        channel_->GetState(false) != GRPC_CHANNEL_READY) {
+      return Unavailable("no connection before the call's deadline (" + s.message() + ")")
+          .WithContext("driver at " + options_.address);
+    }
     if (s.code() != Code::kUnavailable) return s;
     TimePoint now = SteadyClock::now();
     if (now + backoff >= deadline) return s.WithContext("driver at " + options_.address);

@@ -17,7 +17,7 @@ TEST_CASE("plan: host by host in first-seen order, slots in order, capped", "[un
   CHECK(PlanMembers(in) == std::vector<std::string>{"b:0", "b:1", "a:0"});
 }
 
-TEST_CASE("plan: survivors win the cap; ranks in host order", "[unit]") {
+TEST_CASE("plan: survivors win the cap, ranks in host order", "[unit]") {
   PlanInput in;
   in.listed = in.available = {{"new", 2}, {"old", 2}};
   in.host_order = {"new", "old"};

@@ -377,7 +377,7 @@ TEST_CASE("policy: --max-failures and --reset-limit end the job", "[unit]") {
   }
 }
 
-TEST_CASE("policy: discovery grows the job up to --max-np; a smaller host drops its slots",
+TEST_CASE("policy: discovery grows the job up to --max-np, a smaller host drops its slots",
           "[unit]") {
   DriverOptions d;
   d.discovery_script = "discover.sh";

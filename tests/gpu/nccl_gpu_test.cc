@@ -250,7 +250,7 @@ TEST_CASE("gpu: Abort() from another thread ends a collective blocked on the str
   });
 }
 
-TEST_CASE("gpu: 100 rebuilds leak no device memory; init and abort timed") {
+TEST_CASE("gpu: 100 rebuilds leak no device memory, init and abort timed") {
   rendezvous::Core core(rendezvous::CoreOptions{});
   size_t before = 0;
   std::vector<double> init_ms, abort_ms;
@@ -385,7 +385,7 @@ double LoseOneAndRecover(bool shrink) {
   return worst;
 }
 
-TEST_CASE("gpu: a rank lost mid-allreduce; survivors recover by shrink and by re-init") {
+TEST_CASE("gpu: a rank lost mid-allreduce, survivors recover by shrink and by re-init") {
   if (g_devices < 2) {
     WARN("1 GPU visible: the lost-rank cases skipped");
     return;

@@ -207,7 +207,7 @@ TEST_CASE("a Join from another process than the slot's current launch is refused
   CHECK(r->assignment.round == 0);
 }
 
-TEST_CASE("a withdrawn round never forms and never times out; its Joins wait for the next",
+TEST_CASE("a withdrawn round never forms and never times out, its Joins wait for the next",
           "[unit]") {
   FakeClock clock;
   RecordingListener listener;
@@ -425,7 +425,7 @@ std::vector<StatusOr<JoinResult>> JoinWithVersions(Core& core,
   return out;
 }
 
-TEST_CASE("versions: rank 0 holds the newest version; a sync when any member holds another",
+TEST_CASE("versions: rank 0 holds the newest version, a sync when any member holds another",
           "[unit]") {
   RecordingListener listener;
   CoreOptions opts;
@@ -455,7 +455,7 @@ TEST_CASE("versions: rank 0 holds the newest version; a sync when any member hol
   CHECK_FALSE(f.state_lost);
 }
 
-TEST_CASE("versions: equal versions need no sync; no commit at all always syncs", "[unit]") {
+TEST_CASE("versions: equal versions need no sync, no commit at all always syncs", "[unit]") {
   Core core(CoreOptions{});
   REQUIRE(core.ProposeRound(0, Members({"a:0", "a:1"}), {}).ok());
   auto fresh = JoinWithVersions(core, {"a:0", "a:1"}, {0, 0}, -1);

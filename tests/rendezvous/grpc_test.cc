@@ -177,7 +177,7 @@ TEST_CASE("grpc: a client that disconnects in the middle of a Get frees its wait
   CHECK(f.core->pending_waiters() == 0);
 }
 
-TEST_CASE("grpc: watch delivers events; server shutdown ends every waiting call", "[integration]") {
+TEST_CASE("grpc: watch delivers events, server shutdown ends every waiting call", "[integration]") {
   WatchListener listener;
   Fixture f(&listener);
   f.Form(0, {"a:0", "a:1"}, -1);
@@ -244,7 +244,7 @@ TEST_CASE("grpc: a watcher that goes away is reported closed", "[integration]") 
   CHECK(listener.opened == std::vector<std::string>{"b:3"});
 }
 
-TEST_CASE("grpc: versions travel in Join; rank 0 is the newest holder", "[integration]") {
+TEST_CASE("grpc: versions travel in Join, rank 0 is the newest holder", "[integration]") {
   Fixture f;
   REQUIRE(f.core
               ->ProposeRound(0,

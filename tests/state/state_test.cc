@@ -61,7 +61,7 @@ TEST_CASE("ObjectState: a commit hook runs after the save, and Reset re-partitio
   CHECK(b.indices == std::vector<int64_t>{1, 3});
 }
 
-TEST_CASE("State: every commit is a version; a rollback keeps it", "[unit]") {
+TEST_CASE("State: every commit is a version, a rollback keeps it", "[unit]") {
   ObjectState s;
   int64_t step = 0;
   s.Register("step", &step);

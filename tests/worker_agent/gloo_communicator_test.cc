@@ -294,7 +294,7 @@ TEST_CASE("gloo: a rank that goes away fails its peers' collective with WorkerLo
 // start, and a communicator still connecting. In each, the peer stays alive and silent, so
 // nothing but the abort can end the wait before Gloo's own 30 s timeout; a watchdog fails the
 // test if the abort has not ended it within 10 s.
-TEST_CASE("gloo: abort from another thread fails a running collective; the peer stays silent",
+TEST_CASE("gloo: abort from another thread fails a running collective, the peer stays silent",
           "[unit]") {
   std::atomic<int> lost{0};
   std::atomic<bool> late{false};

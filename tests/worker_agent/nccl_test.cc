@@ -582,7 +582,7 @@ TEST_CASE("nccl: a collective past its deadline fails and aborts", "[nccl]") {
 
 // --- shrink -------------------------------------------------------------------------------------
 
-TEST_CASE("nccl: survivors shrink a revoked communicator; roots follow NCCL's numbering",
+TEST_CASE("nccl: survivors shrink a revoked communicator, roots follow NCCL's numbering",
           "[nccl]") {
   // Round 0: 4 ranks. Old rank 1 dies; the survivors (old 0, 2, 3) form round 1 with ranks
   // assigned by the rendezvous: old 3 -> 0, old 0 -> 1, old 2 -> 2. NCCL numbers them 0, 1, 2
@@ -701,7 +701,7 @@ struct AgentJob {
   }
 };
 
-TEST_CASE("nccl agent: a round that only loses members shrinks; a newcomer inits afresh",
+TEST_CASE("nccl agent: a round that only loses members shrinks, a newcomer inits afresh",
           "[nccl]") {
   AgentJob job;
   for (const char* s : {"a:0", "b:0", "c:0"}) job.Add(s);
