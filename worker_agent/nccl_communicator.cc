@@ -88,15 +88,19 @@ std::string NcclCommunicator::Describe(int result) {
   return s;
 }
 
+int NcclCommunicator::AsyncState(NcclApi::Comm comm) {
+  int async = NcclApi::kSuccess;
+  int r = api_->CommGetAsyncError(comm, &async);
+  return r != NcclApi::kSuccess ? r : async;
+}
+
 Status NcclCommunicator::PollReady(const char* what, Duration timeout) {
   const TimePoint deadline = SteadyClock::now() + timeout;
   for (int i = 0;; ++i) {
     {
       std::lock_guard<std::mutex> g(mu_);
       if (aborted_.load() || !comm_) return Aborted(std::string(what) + ": aborted");
-      int async = NcclApi::kSuccess;
-      int r = api_->CommGetAsyncError(comm_, &async);
-      if (r != NcclApi::kSuccess) async = r;
+      const int async = AsyncState(comm_);
       if (async == NcclApi::kSuccess) return Status();
       if (async != NcclApi::kInProgress) {
         std::string why = Describe(async);
@@ -137,27 +141,36 @@ Status NcclCommunicator::Connect(RoundStore* store) {
                              " bytes, not " + std::to_string(NcclApi::kUniqueIdBytes));
     }
   }
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    if (aborted_.load()) return Aborted("NCCL init: aborted");
-    if (phase_ != Phase::kCreated) return FailedPrecondition("NCCL communicator connected twice");
-    Status dev = api_->SetDevice(device_);
-    if (!dev.ok()) return dev;
-    NcclApi::Comm c = nullptr;
-    int r = api_->CommInitRank(&c, topo_.size, id, topo_.rank);
-    comm_ = c;
-    if (r != NcclApi::kSuccess && r != NcclApi::kInProgress) {
-      std::string why = Describe(r);
-      if (comm_) api_->CommAbort(comm_);
-      comm_ = nullptr;
-      phase_ = Phase::kFailed;
-      return Unavailable("ncclCommInitRankConfig: " + why);
-    }
-    phase_ = Phase::kInitializing;
-  }
-  RETURN_IF_ERROR(PollReady("NCCL init", options_.init_timeout));
+  RETURN_IF_ERROR(Start("NCCL init", "ncclCommInitRankConfig", [&](NcclApi::Comm* c) {
+    return api_->CommInitRank(c, topo_.size, id, topo_.rank);
+  }));
+  return Finish("NCCL init");
+}
+
+Status NcclCommunicator::Start(const char* what, const char* call,
+                               const std::function<int(NcclApi::Comm*)>& create) {
   std::lock_guard<std::mutex> g(mu_);
-  if (aborted_.load()) return Aborted("NCCL init: aborted");
+  if (aborted_.load()) return Aborted(std::string(what) + ": aborted");
+  if (phase_ != Phase::kCreated) return FailedPrecondition("NCCL communicator connected twice");
+  RETURN_IF_ERROR(api_->SetDevice(device_));
+  NcclApi::Comm c = nullptr;
+  int r = create(&c);
+  comm_ = c;
+  if (r != NcclApi::kSuccess && r != NcclApi::kInProgress) {
+    std::string why = Describe(r);
+    if (comm_) api_->CommAbort(comm_);
+    comm_ = nullptr;
+    phase_ = Phase::kFailed;
+    return Unavailable(std::string(call) + ": " + why);
+  }
+  phase_ = Phase::kInitializing;
+  return Status();
+}
+
+Status NcclCommunicator::Finish(const char* what) {
+  RETURN_IF_ERROR(PollReady(what, options_.init_timeout));
+  std::lock_guard<std::mutex> g(mu_);
+  if (aborted_.load()) return Aborted(std::string(what) + ": aborted");
   phase_ = Phase::kReady;
   return Status();
 }
@@ -184,39 +197,20 @@ Status NcclCommunicator::ConnectByShrink(NcclCommunicator* parent,
   for (int i = 0;; ++i) {
     std::lock_guard<std::mutex> g(parent->mu_);
     if (!parent->comm_) return FailedPrecondition("shrink: the parent was released meanwhile");
-    int async = NcclApi::kSuccess;
-    int r = api_->CommGetAsyncError(parent->comm_, &async);
-    if (r != NcclApi::kSuccess) async = r;
-    if (async != NcclApi::kInProgress) break;  // quiescent (an old error does not matter)
+    if (AsyncState(parent->comm_) != NcclApi::kInProgress) break;  // quiescent (an old error does not matter)
     if (SteadyClock::now() > deadline) return DeadlineExceeded("shrink: the parent stays busy");
     if (aborted_.load()) return Aborted("NCCL shrink: aborted");
     Pause(i);
   }
   {
     std::lock_guard<std::mutex> pg(parent->mu_);
-    std::lock_guard<std::mutex> g(mu_);
-    if (aborted_.load()) return Aborted("NCCL shrink: aborted");
-    if (phase_ != Phase::kCreated) return FailedPrecondition("NCCL communicator connected twice");
-    Status dev = api_->SetDevice(device_);
-    if (!dev.ok()) return dev;
-    NcclApi::Comm c = nullptr;
-    int r = api_->CommShrink(parent->comm_, exclude, &c);
-    comm_ = c;
-    if (r != NcclApi::kSuccess && r != NcclApi::kInProgress) {
-      std::string why = Describe(r);
-      if (comm_) api_->CommAbort(comm_);
-      comm_ = nullptr;
-      phase_ = Phase::kFailed;
-      return Unavailable("ncclCommShrink: " + why);
-    }
-    phase_ = Phase::kInitializing;
-    nccl_rank_of_ = std::move(nccl_rank_of);
+    if (!parent->comm_) return FailedPrecondition("shrink: the parent was released meanwhile");
+    RETURN_IF_ERROR(Start("NCCL shrink", "ncclCommShrink", [&](NcclApi::Comm* c) {
+      return api_->CommShrink(parent->comm_, exclude, c);
+    }));
   }
-  RETURN_IF_ERROR(PollReady("NCCL shrink", options_.init_timeout));
-  std::lock_guard<std::mutex> g(mu_);
-  if (aborted_.load()) return Aborted("NCCL shrink: aborted");
-  phase_ = Phase::kReady;
-  return Status();
+  nccl_rank_of_ = std::move(nccl_rank_of);
+  return Finish("NCCL shrink");
 }
 
 void NcclCommunicator::Abort() {
@@ -296,9 +290,7 @@ void NcclCommunicator::WaitStream(const char* what) {
     if (i % 64 == 63) {  // NCCL's async error: a peer failed under us
       std::lock_guard<std::mutex> g(mu_);
       if (comm_) {
-        int async = NcclApi::kSuccess;
-        int r = api_->CommGetAsyncError(comm_, &async);
-        if (r != NcclApi::kSuccess) async = r;
+        const int async = AsyncState(comm_);
         if (async != NcclApi::kSuccess && async != NcclApi::kInProgress) {
           std::string why = Describe(async);
           api_->CommAbort(comm_);

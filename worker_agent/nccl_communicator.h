@@ -94,6 +94,14 @@ class NcclCommunicator : public Communicator {
   // Polls the communicator's async state until it leaves kInProgress (init, shrink, an
   // enqueue): OK when ready; ABORTED after Abort(); DEADLINE_EXCEEDED; UNAVAILABLE on error.
   Status PollReady(const char* what, Duration timeout);
+  // Init and shrink alike: under the lock, `create` makes the communicator (kInitializing), or
+  // its error fails this one (UNAVAILABLE naming `call`); Finish() polls it to kReady.
+  Status Start(const char* what, const char* call,
+               const std::function<int(NcclApi::Comm*)>& create);
+  Status Finish(const char* what);
+  // ncclCommGetAsyncError's verdict: kSuccess, kInProgress or an error (the call's own
+  // error when the query itself fails).
+  int AsyncState(NcclApi::Comm comm);
   // Enqueues `enqueue(comm)` on the stream under the lock and waits for it (see WaitStream).
   void Run(const char* what, const std::function<int(NcclApi::Comm)>& enqueue);
   // Records the event on the stream and waits for it, checking Abort(), NCCL's async error
