@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 
 
 def iters_for(nbytes):
-    return 50 if nbytes <= 1 << 20 else 10 if nbytes <= 16 << 20 else 3
+    return 50 if nbytes <= 1 << 20 else 10 if nbytes <= 16 << 20 else 5
 
 
 def time_it(iters, op):

@@ -19,7 +19,10 @@
 #include <cstring>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #include "common/test_hook.h"
+#include "worker_agent/shm_group.h"
 
 namespace elastic::worker_agent {
 namespace {
@@ -138,6 +141,44 @@ template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
 void DivideHalf(void* data, size_t count, int size) {
   uint16_t* p = static_cast<uint16_t*>(data);
   for (size_t i = 0; i < count; ++i) p[i] = FromF(ToF(p[i]) / static_cast<float>(size));
+}
+
+// The element-wise reduction of `op` (kAvg sums; the caller divides) on `dtype`.
+gloo::AllreduceOptions::Func ReduceFunc(DataType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DataType::kF32:
+      return NativeReduce<float>(op);
+    case DataType::kF64:
+      return NativeReduce<double>(op);
+    case DataType::kI32:
+      return NativeReduce<int32_t>(op);
+    case DataType::kI64:
+      return NativeReduce<int64_t>(op);
+    case DataType::kF16:
+      return HalfReduce<HalfToFloat, FloatToHalf>(op);
+    case DataType::kBF16:
+      return HalfReduce<Bf16ToFloat, FloatToBf16>(op);
+  }
+  return NativeReduce<float>(op);
+}
+
+// Divides a sum by `size` (kAvg).
+void DivideAll(void* data, size_t count, DataType dtype, int size) {
+  if (size == 1) return;
+  switch (dtype) {
+    case DataType::kF32:
+      return DivideBy<float>(data, count, size);
+    case DataType::kF64:
+      return DivideBy<double>(data, count, size);
+    case DataType::kI32:
+      return DivideBy<int32_t>(data, count, size);
+    case DataType::kI64:
+      return DivideBy<int64_t>(data, count, size);
+    case DataType::kF16:
+      return DivideHalf<HalfToFloat, FloatToHalf>(data, count, size);
+    case DataType::kBF16:
+      return DivideHalf<Bf16ToFloat, FloatToBf16>(data, count, size);
+  }
 }
 
 template <typename T>
@@ -310,6 +351,7 @@ Status GlooCommunicator::Connect(RoundStore* store) {
   Status s;
   try {
     s = ConnectPairs(store);
+    if (s.ok()) s = SetUpHierarchy(store);
   } catch (const std::exception& e) {
     s = Unavailable(std::string("connecting the Gloo pairs failed: ") + e.what());
   }
@@ -366,6 +408,109 @@ Status GlooCommunicator::ConnectPairs(RoundStore* store) {
   return Status::Ok();
 }
 
+namespace {
+
+// The keys of the cross-host communicator, apart from the round's own: "x/<cross_rank>".
+class PrefixStore : public RoundStore {
+ public:
+  PrefixStore(RoundStore* inner, std::string prefix) : inner_(inner), prefix_(std::move(prefix)) {}
+  Status Set(const std::string& key, const std::string& value) override {
+    return inner_->Set(prefix_ + key, value);
+  }
+  StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
+                                         Duration timeout) override {
+    std::vector<std::string> k;
+    for (const auto& key : keys) k.push_back(prefix_ + key);
+    return inner_->Get(k, timeout);
+  }
+
+ private:
+  RoundStore* inner_;
+  std::string prefix_;
+};
+
+}  // namespace
+
+Status GlooCommunicator::SetUpHierarchy(RoundStore* store) {
+  // Only when some host has more than one rank (every rank knows: fewer hosts than ranks).
+  if (topo_.size == 1 || topo_.cross_size >= topo_.size) return Status::Ok();
+  const char* env = std::getenv("ELASTIC_SHM_ALLREDUCE");
+  const bool want = options_.shm && !(env && std::string(env) == "0");
+  int64_t ok = want ? 1 : 0;
+  std::string why;  // why this rank cannot take part (empty: it can, or it was turned off)
+  std::unique_ptr<ShmGroup> group;
+  const std::string key = "shm/" + std::to_string(topo_.cross_rank);
+  if (topo_.local_size > 1 && topo_.local_rank == 0) {
+    // Local rank 0 always answers, so that the others never wait for a segment that will
+    // not come.
+    std::string description = "off";
+    if (want) {
+      size_t slot = options_.shm_slot_bytes;
+      if (const char* v = std::getenv("ELASTIC_SHM_SLOT_BYTES"); v && slot == 0) {
+        slot = std::strtoull(v, nullptr, 10);
+      }
+      auto made = ShmGroup::Create(topo_.local_size, slot);
+      if (made.ok()) {
+        group = std::move(made).value();
+        description = group->Describe();
+      } else {
+        ok = 0;
+        why = made.status().message();
+      }
+    }
+    RETURN_IF_ERROR(store->Set(key, description));
+  } else if (topo_.local_size > 1) {
+    ASSIGN_OR_RETURN(std::vector<std::string> got, store->Get({key}, options_.connect_timeout));
+    if (got[0] == "off") {
+      ok = 0;
+    } else if (want) {
+      auto opened = ShmGroup::Open(got[0], topo_.local_rank, topo_.local_size);
+      if (opened.ok()) {
+        group = std::move(opened).value();
+      } else {
+        ok = 0;
+        why = opened.status().message();
+      }
+    }
+  }
+  {
+    std::lock_guard<std::mutex> g(abort_mu_);
+    if (aborted_.load()) return Aborted("the communicator was aborted while connecting");
+    shm_ = std::move(group);
+  }
+  // Every rank agrees (hier_ is still off: this is the flat ring), and on the chunk: the
+  // cross-host ring reduces a chunk at a time, so every host must cut the same chunks (the
+  // smallest slot). After it every local rank has mapped the segment, so its name can go.
+  int64_t agree[2] = {ok, shm_ ? static_cast<int64_t>(shm_->slot_bytes()) : INT64_MAX};
+  Allreduce(agree, 2, DataType::kI64, ReduceOp::kMin);
+  if (shm_) shm_->Unlink();
+  chunk_bytes_ = static_cast<size_t>(agree[1]);
+  if (!agree[0]) {
+    if (!why.empty()) {
+      spdlog::info("hierarchical shared-memory allreduce off for this round: {}", why);
+    }
+    std::lock_guard<std::mutex> g(abort_mu_);
+    shm_.reset();
+    return Status::Ok();
+  }
+  if (topo_.local_rank == 0 && topo_.cross_size > 1) {
+    GlooOptions cross_options = options_;
+    cross_options.shm = false;
+    Topology cross{topo_.cross_rank, topo_.cross_size, 0, 1, topo_.cross_rank, topo_.cross_size};
+    ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> made, New(cross, cross_options));
+    GlooCommunicator* c = made.get();
+    {
+      std::lock_guard<std::mutex> g(abort_mu_);
+      cross_ = std::move(made);
+      if (aborted_.load()) cross_->Abort();
+    }
+    PrefixStore prefixed(store, "x/");
+    RETURN_IF_ERROR(c->Connect(&prefixed));
+  }
+  hier_ = true;
+  return Status::Ok();
+}
+
 StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(RoundStore* store,
                                                                      const Topology& topo,
                                                                      const GlooOptions& options) {
@@ -374,7 +519,7 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(RoundStore*
   return comm;
 }
 
-void GlooCommunicator::Guard(const char* what, std::function<void()> fn) {
+void GlooCommunicator::Guard(const char* what, std::function<void()> fn, Duration grace) {
   auto lost = [what](const std::string& why) {
     return WorkerLostError(std::string(what) + (why.empty() ? "" : ": ") + why);
   };
@@ -401,8 +546,7 @@ void GlooCommunicator::Guard(const char* what, std::function<void()> fn) {
   if (ex.finished < ticket) {
     // Aborted while running: every pair is closed now; a wait Gloo left unwoken can do no
     // more I/O, and one that was about to end ends within the grace.
-    bool ended =
-        ex.cv.wait_for(lock, std::chrono::milliseconds(500), [&] { return ex.finished >= ticket; });
+    bool ended = ex.cv.wait_for(lock, grace, [&] { return ex.finished >= ticket; });
     if (!ended) {
       ex.abandoned = true;
       throw lost(
@@ -424,52 +568,105 @@ void GlooCommunicator::Guard(const char* what, std::function<void()> fn) {
 
 void GlooCommunicator::Allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
   if (count == 0) return;
+  if (hier_) {
+    // A longer grace than the cross-host communicator's own: after an abort, that one ends
+    // first, and this job never outlives the communicator it uses.
+    Guard("allreduce", [&] { HierarchicalAllreduce(data, count, dtype, op); },
+          std::chrono::seconds(3));
+    return;
+  }
   Guard("allreduce", [&] {
     if (topo_.size > 1) {
       Duration t = options_.collective_timeout;
-      switch (dtype) {
-        case DataType::kF32:
-          RunAllreduce<float>(ctx_, data, count, NativeReduce<float>(op), t);
+      auto fn = ReduceFunc(dtype, op);
+      switch (DataTypeSize(dtype)) {
+        case 8:
+          RunAllreduce<uint64_t>(ctx_, data, count, std::move(fn), t);
           break;
-        case DataType::kF64:
-          RunAllreduce<double>(ctx_, data, count, NativeReduce<double>(op), t);
+        case 4:
+          RunAllreduce<uint32_t>(ctx_, data, count, std::move(fn), t);
           break;
-        case DataType::kI32:
-          RunAllreduce<int32_t>(ctx_, data, count, NativeReduce<int32_t>(op), t);
-          break;
-        case DataType::kI64:
-          RunAllreduce<int64_t>(ctx_, data, count, NativeReduce<int64_t>(op), t);
-          break;
-        case DataType::kF16:
-          RunAllreduce<uint16_t>(ctx_, data, count, HalfReduce<HalfToFloat, FloatToHalf>(op), t);
-          break;
-        case DataType::kBF16:
-          RunAllreduce<uint16_t>(ctx_, data, count, HalfReduce<Bf16ToFloat, FloatToBf16>(op), t);
+        default:
+          RunAllreduce<uint16_t>(ctx_, data, count, std::move(fn), t);
           break;
       }
     }
-    if (op != ReduceOp::kAvg || topo_.size == 1) return;
-    switch (dtype) {
-      case DataType::kF32:
-        DivideBy<float>(data, count, topo_.size);
-        break;
-      case DataType::kF64:
-        DivideBy<double>(data, count, topo_.size);
-        break;
-      case DataType::kI32:
-        DivideBy<int32_t>(data, count, topo_.size);
-        break;
-      case DataType::kI64:
-        DivideBy<int64_t>(data, count, topo_.size);
-        break;
-      case DataType::kF16:
-        DivideHalf<HalfToFloat, FloatToHalf>(data, count, topo_.size);
-        break;
-      case DataType::kBF16:
-        DivideHalf<Bf16ToFloat, FloatToBf16>(data, count, topo_.size);
-        break;
-    }
+    if (op == ReduceOp::kAvg) DivideAll(data, count, dtype, topo_.size);
   });
+}
+
+void GlooCommunicator::HierarchicalAllreduce(void* data, size_t count, DataType dtype,
+                                             ReduceOp op) {
+  // The cross-host ring sums; the average divides once, by the whole size, at the end.
+  const ReduceOp cross_op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  try {
+    const size_t es = DataTypeSize(dtype);
+    const size_t chunk = chunk_bytes_ / es;
+    if (!shm_) {
+      // The only rank of its host: straight into the cross-host ring, in the same chunks as
+      // the other hosts.
+      char* bytes = static_cast<char*>(data);
+      for (size_t off = 0; off < count; off += chunk) {
+        cross_->Allreduce(bytes + off * es, std::min(chunk, count - off), dtype, cross_op);
+      }
+    } else {
+      const TimePoint deadline = SteadyClock::now() + options_.collective_timeout;
+      const int local_size = shm_->local_size(), me = shm_->local_rank();
+      const bool cross_phase = topo_.cross_size > 1;
+      // Local rank r reduces slice r of each chunk (whole cache lines), reading its own
+      // slice from its own buffer: that slice is never copied in. The result goes to slot 0
+      // of the half (slice 0 there is free: rank 0 never copies it in), where the cross-host
+      // ring finds it whole.
+      const size_t line = std::max<size_t>(1, 64 / es);
+      const auto fn = ReduceFunc(dtype, cross_op);
+      char* bytes = static_cast<char*>(data);
+      // The reduction runs a block at a time in a buffer that stays in the L1 cache: each
+      // input is read once, the result written once.
+      constexpr size_t kBlockBytes = 16 << 10;
+      alignas(64) char acc[kBlockBytes];
+      const size_t block = kBlockBytes / es;
+      for (size_t off = 0; off < count; off += chunk) {
+        const size_t n = std::min(chunk, count - off);
+        const int half = static_cast<int>(chunks_++ & 1);
+        char* mine = bytes + off * es;
+        const size_t per = ((n + local_size - 1) / local_size + line - 1) / line * line;
+        auto slice = [&](int r) {
+          size_t b = std::min(n, per * r);
+          return std::make_pair(b, std::min(n, b + per));
+        };
+        auto [b, e] = slice(me);
+        // Copy in everything but this rank's own slice.
+        std::memcpy(shm_->slot(half, me), mine, b * es);
+        std::memcpy(shm_->slot(half, me) + e * es, mine + e * es, (n - e) * es);
+        shm_->Barrier(aborted_, deadline);
+        TestHook("shm_reduce", static_cast<int64_t>(chunks_ - 1));
+        char* out = shm_->slot(half, 0);
+        for (size_t k = b; k < e; k += block) {
+          const size_t m = std::min(block, e - k);
+          auto input = [&](int r) { return r == me ? mine + k * es : shm_->slot(half, r) + k * es; };
+          std::memcpy(acc, input(0), m * es);
+          for (int r = 1; r < local_size; ++r) fn(acc, acc, input(r), m);
+          std::memcpy(out + k * es, acc, m * es);
+          if (!cross_phase) std::memcpy(mine + k * es, acc, m * es);
+        }
+        shm_->Barrier(aborted_, deadline);
+        if (cross_phase) {
+          if (cross_) cross_->Allreduce(out, n, dtype, cross_op);
+          shm_->Barrier(aborted_, deadline);
+          std::memcpy(mine, out, n * es);
+        } else {
+          // Copy out the others' slices (this rank's own is in place already).
+          std::memcpy(mine, out, b * es);
+          std::memcpy(mine + e * es, out + e * es, (n - e) * es);
+        }
+        // The next chunk uses the other half: no barrier is needed after the copy-out.
+      }
+    }
+  } catch (const WorkerLostError&) {
+    if (shm_) shm_->Abort();  // the local ranks waiting for this one stop waiting
+    throw;
+  }
+  if (op == ReduceOp::kAvg) DivideAll(data, count, dtype, topo_.size);
 }
 
 void GlooCommunicator::AllreduceMany(const std::vector<TensorView>& tensors, ReduceOp op) {
@@ -560,6 +757,8 @@ void GlooCommunicator::Abort() {
   aborted_.store(true);
   {
     std::lock_guard<std::mutex> g(abort_mu_);
+    if (shm_) shm_->Abort();
+    if (cross_) cross_->Abort();
     try {
       Signal(pairs_, "aborted: a peer of this round is gone");
     } catch (const std::exception&) {

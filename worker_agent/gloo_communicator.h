@@ -18,6 +18,7 @@ class Context;
 namespace elastic::worker_agent {
 
 class AbortableContext;
+class ShmGroup;
 
 struct Topology {
   int rank = 0;
@@ -37,6 +38,12 @@ struct GlooOptions {
   // Connect every pair (N-1 per rank) instead of the ones Gloo's algorithms use (GlooPeers).
   // Default: ELASTIC_GLOO_FULL_MESH=1 in the environment, else off.
   bool full_mesh = false;
+  // When some host has more than one rank: ranks of a host allreduce through shared memory
+  // and only each host's local rank 0 takes part in a cross-host Gloo ring of its own (the
+  // hierarchical allreduce). Every rank must agree (any that cannot map the segment turns it
+  // off for all). ELASTIC_SHM_ALLREDUCE=0 in the environment turns it off too.
+  bool shm = true;
+  size_t shm_slot_bytes = 0;  // 0: ShmGroup::DefaultSlotBytes
 };
 
 // The ranks `rank` connects to in a communicator of `size`: those at distances +-2^k (mod
@@ -54,7 +61,10 @@ class GlooCommunicator : public Communicator {
                                                          const GlooOptions& options);
   // Connects the pairs through `store`: publishes the addresses of this rank's pairs (one per
   // peer of GlooPeers, or every rank with full_mesh) under key "<rank>", fetches its peers'
-  // keys (one Get), connects each pair. Blocks up to the connect
+  // keys (one Get), connects each pair. Then, when some host has several ranks, sets up the
+  // hierarchical allreduce (GlooOptions::shm): local rank 0 publishes its segment under
+  // "shm/<cross_rank>", every rank agrees in one allreduce, and the local ranks 0 connect a
+  // cross-host communicator under keys "x/...". Blocks up to the connect
   // timeout. ABORTED when Abort() came before or during it (from any thread: the store wait
   // is the caller's to cancel, the pairs are failed here); UNAVAILABLE / DEADLINE_EXCEEDED
   // (with Gloo's message) when peers do not show up. Call once.
@@ -78,6 +88,9 @@ class GlooCommunicator : public Communicator {
   void Barrier() override;
   void Abort() override;
 
+  // Whether Allreduce goes through shared memory within hosts (GlooOptions::shm).
+  bool hierarchical() const { return hier_; }
+
   // For the driver's hang detection (thread-safe): collectives started on this communicator,
   // and whether one is running now.
   uint64_t collectives_started() const { return started_.load(); }
@@ -91,12 +104,16 @@ class GlooCommunicator : public Communicator {
   struct Executor;
   GlooCommunicator(std::shared_ptr<AbortableContext> ctx, Topology topo, GlooOptions options);
   Status ConnectPairs(RoundStore* store);
+  Status SetUpHierarchy(RoundStore* store);
+  // Allreduce through the host's shared memory and the cross-host ring (hier_).
+  void HierarchicalAllreduce(void* data, size_t count, DataType dtype, ReduceOp op);
   // Runs a Gloo collective on the executor thread and waits for it or for Abort(). Gloo leaves
   // some waits unwoken when a pair fails (an unbound send queued on a pair that broke): they
   // would last the whole collective timeout. After Abort() every pair is closed, so such a
   // wait can do no more I/O: the caller gives it a short grace to finish, then leaves it to
   // end at Gloo's timeout on its own thread and throws WorkerLostError at once.
-  void Guard(const char* what, std::function<void()> fn);
+  void Guard(const char* what, std::function<void()> fn,
+             Duration grace = std::chrono::milliseconds(500));
 
   std::shared_ptr<AbortableContext> ctx_;
   Topology topo_;
@@ -110,6 +127,12 @@ class GlooCommunicator : public Communicator {
   std::atomic<uint64_t> started_{0};
   std::atomic<bool> running_{false};
   std::atomic<Duration::rep> last_start_{0};
+  // The hierarchical allreduce; set while connecting, under abort_mu_.
+  std::unique_ptr<ShmGroup> shm_;               // when this host has several ranks
+  std::unique_ptr<GlooCommunicator> cross_;     // local rank 0, when there are several hosts
+  bool hier_ = false;
+  size_t chunk_bytes_ = 0;  // elements cut into chunks of this many bytes (every rank the same)
+  uint64_t chunks_ = 0;  // chunks reduced so far: which half of the segment is next
 };
 
 }  // namespace elastic::worker_agent

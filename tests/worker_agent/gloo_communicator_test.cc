@@ -5,11 +5,13 @@
 #include <arpa/inet.h>
 #include <gloo/transport/tcp/address.h>
 #include <netinet/in.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <future>
 #include <thread>
@@ -21,10 +23,29 @@ namespace {
 
 using rendezvous::Core;
 
-// Forms round 0 of `n` ranks and runs `body(comm)` on each rank's thread. Returns the
+// Forms round 0 of ranks on hosts of the given sizes and runs `body(comm)` on each rank's
+// thread. Ranks go to the hosts in turn (rank 0 on host 0, rank 1 on host 1, ...), so a host's
+// ranks are not consecutive. `tweak(rank, options)` may change a rank's options. Returns the
 // failures' messages (empty when every rank passed).
-std::vector<std::string> RunRanks(int n, const std::function<void(GlooCommunicator&)>& body,
-                                  size_t fusion_bytes = 64u << 20) {
+std::vector<std::string> RunLayout(const std::vector<int>& hosts,
+                                   const std::function<void(GlooCommunicator&)>& body,
+                                   const std::function<void(int, GlooOptions&)>& tweak = {}) {
+  std::vector<Topology> topos;
+  std::vector<int> placed(hosts.size(), 0);
+  int n = 0;
+  for (int h : hosts) n += h;
+  for (int r = 0; static_cast<int>(topos.size()) < n; ++r) {
+    int h = r % static_cast<int>(hosts.size());
+    if (placed[h] == hosts[h]) continue;
+    Topology t;
+    t.rank = static_cast<int>(topos.size());
+    t.size = n;
+    t.local_rank = placed[h]++;
+    t.local_size = hosts[h];
+    t.cross_rank = h;
+    t.cross_size = static_cast<int>(hosts.size());
+    topos.push_back(t);
+  }
   Core core(rendezvous::CoreOptions{});
   std::map<std::string, rendezvous::Assignment> members;
   for (int i = 0; i < n; ++i) members["h:" + std::to_string(i)].rank = i;
@@ -39,12 +60,11 @@ std::vector<std::string> RunRanks(int n, const std::function<void(GlooCommunicat
                            core.clock()->Now() + std::chrono::seconds(30));
         if (!a.ok()) throw std::runtime_error(a.status().ToString());
         auto store = MakeCoreRoundStore(&core, 0);
-        Topology topo{i, n, i, n, 0, 1};
         GlooOptions opts;
         opts.connect_timeout = std::chrono::seconds(30);
         opts.collective_timeout = std::chrono::seconds(30);
-        opts.fusion_bytes = fusion_bytes;
-        auto comm = GlooCommunicator::Create(store.get(), topo, opts);
+        if (tweak) tweak(i, opts);
+        auto comm = GlooCommunicator::Create(store.get(), topos[i], opts);
         if (!comm.ok()) throw std::runtime_error(comm.status().ToString());
         body(**comm);
       } catch (const std::exception& e) {
@@ -55,6 +75,15 @@ std::vector<std::string> RunRanks(int n, const std::function<void(GlooCommunicat
   }
   for (auto& t : threads) t.join();
   return failures;
+}
+
+// `n` ranks on one host.
+std::vector<std::string> RunRanks(int n, const std::function<void(GlooCommunicator&)>& body,
+                                  size_t fusion_bytes = 64u << 20, bool shm = true) {
+  return RunLayout({n}, body, [&](int, GlooOptions& o) {
+    o.fusion_bytes = fusion_bytes;
+    o.shm = shm;
+  });
 }
 
 float HalfValue(uint16_t h) {
@@ -109,8 +138,8 @@ double Expected(ReduceOp op, int n, size_t i) {
 }
 
 template <typename T>
-void CheckAllreduce(Communicator& c, ReduceOp op, DataType dt, T (*enc)(double), double (*dec)(T)) {
-  const size_t count = 1000;
+void CheckAllreduce(Communicator& c, ReduceOp op, DataType dt, T (*enc)(double), double (*dec)(T),
+                    size_t count) {
   std::vector<T> v(count);
   for (size_t i = 0; i < count; ++i) v[i] = enc(c.rank() + 1 + static_cast<double>(i % 7));
   c.Allreduce(v.data(), count, dt, op);
@@ -127,31 +156,39 @@ void CheckAllreduce(Communicator& c, ReduceOp op, DataType dt, T (*enc)(double),
   }
 }
 
-void AllDtypes(Communicator& c, ReduceOp op) {
+void AllDtypes(Communicator& c, ReduceOp op, size_t count = 1000) {
   CheckAllreduce<float>(
       c, op, DataType::kF32, [](double d) { return static_cast<float>(d); },
-      [](float f) { return static_cast<double>(f); });
+      [](float f) { return static_cast<double>(f); }, count);
   CheckAllreduce<double>(
-      c, op, DataType::kF64, [](double d) { return d; }, [](double d) { return d; });
+      c, op, DataType::kF64, [](double d) { return d; }, [](double d) { return d; }, count);
   CheckAllreduce<int32_t>(
       c, op, DataType::kI32, [](double d) { return static_cast<int32_t>(d); },
-      [](int32_t x) { return static_cast<double>(x); });
+      [](int32_t x) { return static_cast<double>(x); }, count);
   CheckAllreduce<int64_t>(
       c, op, DataType::kI64, [](double d) { return static_cast<int64_t>(d); },
-      [](int64_t x) { return static_cast<double>(x); });
+      [](int64_t x) { return static_cast<double>(x); }, count);
   CheckAllreduce<uint16_t>(
       c, op, DataType::kF16, [](double d) { return ToHalf(static_cast<float>(d)); },
-      [](uint16_t h) { return static_cast<double>(HalfValue(h)); });
+      [](uint16_t h) { return static_cast<double>(HalfValue(h)); }, count);
   CheckAllreduce<uint16_t>(
       c, op, DataType::kBF16, [](double d) { return ToBf16(static_cast<float>(d)); },
-      [](uint16_t h) { return static_cast<double>(Bf16Value(h)); });
+      [](uint16_t h) { return static_cast<double>(Bf16Value(h)); }, count);
 }
 
-TEST_CASE("gloo: allreduce of every dtype and op, 1 to 8 ranks", "[unit]") {
+TEST_CASE("gloo: allreduce of every dtype and op, 1 to 8 ranks, with and without shared memory",
+          "[unit]") {
   int n = GENERATE(1, 2, 3, 4, 8);
   auto op = GENERATE(ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax);
-  INFO("ranks " << n << " op " << ReduceOpName(op));
-  auto failures = RunRanks(n, [op](GlooCommunicator& c) { AllDtypes(c, op); });
+  bool shm = GENERATE(true, false);
+  INFO("ranks " << n << " op " << ReduceOpName(op) << " shm " << shm);
+  auto failures = RunRanks(
+      n,
+      [op, shm](GlooCommunicator& c) {
+        if (c.hierarchical() != (shm && c.size() > 1)) throw std::runtime_error("hierarchical?");
+        AllDtypes(c, op);
+      },
+      64u << 20, shm);
   CHECK(failures.empty());
   for (auto& f : failures) WARN(f);
 }
@@ -409,6 +446,137 @@ TEST_CASE("gloo: a communicator aborted before it connects never waits for its p
   REQUIRE(comm.ok());
   (*comm)->Abort();
   CHECK((*comm)->Connect(&store).code() == Code::kAborted);
+}
+
+// The hierarchical allreduce (GlooOptions::shm): ranks of a host through shared memory, one
+// rank per host in the cross-host ring. Hosts of different sizes, a host of one rank, and
+// slots of 4 KiB so that 5000 elements take several chunks and both halves of the segment.
+TEST_CASE("gloo: hierarchical allreduce of every dtype and op, hosts of different sizes",
+          "[unit]") {
+  auto layout = GENERATE(std::vector<int>{4}, std::vector<int>{3, 3}, std::vector<int>{3, 1, 2},
+                         std::vector<int>{1, 1, 2});
+  auto op = GENERATE(ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax);
+  INFO("hosts " << layout.size() << " op " << ReduceOpName(op));
+  auto failures = RunLayout(
+      layout,
+      [op](GlooCommunicator& c) {
+        if (!c.hierarchical()) throw std::runtime_error("not hierarchical");
+        AllDtypes(c, op, 5000);
+        AllDtypes(c, op, 1);
+        // The other collectives still run on the whole mesh.
+        std::vector<int32_t> v(100, c.rank() == 1 ? 42 : 0);
+        c.Broadcast(v.data(), v.size() * 4, 1);
+        if (v[99] != 42) throw std::runtime_error("broadcast");
+        c.Barrier();
+      },
+      [](int, GlooOptions& o) { o.shm_slot_bytes = 4096; });
+  CHECK(failures.empty());
+  for (auto& f : failures) WARN(f);
+}
+
+TEST_CASE("gloo: one rank without shared memory turns it off for every rank", "[unit]") {
+  // Rank 0 is local rank 0 of host 0 (it makes the segment), rank 3 a local rank 1.
+  int off = GENERATE(0, 3);
+  INFO("shm off on rank " << off);
+  auto failures = RunLayout(
+      {3, 3},
+      [](GlooCommunicator& c) {
+        if (c.hierarchical()) throw std::runtime_error("still hierarchical");
+        AllDtypes(c, ReduceOp::kSum);
+      },
+      [off](int rank, GlooOptions& o) { o.shm = rank != off; });
+  CHECK(failures.empty());
+  for (auto& f : failures) WARN(f);
+}
+
+TEST_CASE("gloo: the shared-memory segment's name is gone once the communicator is built",
+          "[unit]") {
+  auto failures = RunRanks(3, [](GlooCommunicator& c) {
+    if (!c.hierarchical()) throw std::runtime_error("not hierarchical");
+    c.Barrier();  // every rank is past Connect
+    std::string prefix = "elastic-" + std::to_string(getpid()) + "-";
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+      if (e.path().filename().string().rfind(prefix, 0) == 0) {
+        throw std::runtime_error("left in /dev/shm: " + e.path().string());
+      }
+    }
+    std::vector<float> v(10, 1.f);
+    c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum);  // still mapped
+    if (v[0] != 3.f) throw std::runtime_error("allreduce after unlink");
+  });
+  CHECK(failures.empty());
+  for (auto& f : failures) WARN(f);
+}
+
+// An abort while ranks wait inside the shared-memory phase: the last rank never comes (alive
+// and silent), and the local ranks 0 are aborted from another thread (as the driver aborts
+// every member). A rank that is not aborted itself (local rank 1 of host 0) must fail at once
+// too, through the segment's abort flag, not at the 30 s timeout. On two hosts, rank 0 waits
+// in the cross-host ring at the time (host 1's local rank 0 waits for the silent rank).
+TEST_CASE("gloo: abort while ranks are inside the shared-memory phase", "[unit]") {
+  auto layout = GENERATE(std::vector<int>{3}, std::vector<int>{2, 2});
+  const int n = layout.size() == 1 ? 3 : 4;
+  const int silent = n - 1;  // the last rank: local rank 2 of host 0, or local rank 1 of host 1
+  std::atomic<int> lost{0};
+  std::atomic<bool> late{false};
+  std::promise<void> released;
+  auto release = released.get_future().share();
+  std::atomic<int> finished{0};
+  auto failures = RunLayout(layout, [&](GlooCommunicator& c) {
+    if (!c.hierarchical()) throw std::runtime_error("not hierarchical");
+    if (c.rank() == silent) {
+      release.wait_for(std::chrono::seconds(60));
+      return;
+    }
+    std::thread aborter;
+    if (c.local_rank() == 0) {
+      aborter = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        c.Abort();
+      });
+    }
+    auto t0 = SteadyClock::now();
+    std::vector<float> v(100000, 1.0f);
+    try {
+      c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
+    } catch (const WorkerLostError&) {
+      lost.fetch_add(1);
+    }
+    if (SteadyClock::now() - t0 > std::chrono::seconds(10)) late = true;
+    if (aborter.joinable()) aborter.join();
+    if (finished.fetch_add(1) + 1 == n - 1) released.set_value();
+  });
+  CHECK(failures.empty());
+  for (auto& f : failures) WARN(f);
+  CHECK(lost.load() == n - 1);
+  CHECK_FALSE(late.load());
+}
+
+TEST_CASE("gloo: a local rank that never comes fails the others at the collective timeout",
+          "[unit]") {
+  std::atomic<int> lost{0};
+  std::promise<void> released;
+  auto release = released.get_future().share();
+  std::atomic<int> finished{0};
+  auto failures = RunLayout(
+      {3},
+      [&](GlooCommunicator& c) {
+        if (c.rank() == 2) {
+          release.wait_for(std::chrono::seconds(60));
+          return;
+        }
+        std::vector<float> v(10, 1.0f);
+        try {
+          c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
+        } catch (const WorkerLostError& e) {
+          if (std::string(e.what()).find("timed out") != std::string::npos) lost.fetch_add(1);
+        }
+        if (finished.fetch_add(1) + 1 == 2) released.set_value();
+      },
+      [](int, GlooOptions& o) { o.collective_timeout = std::chrono::seconds(1); });
+  CHECK(failures.empty());
+  for (auto& f : failures) WARN(f);
+  CHECK(lost.load() == 2);
 }
 
 }  // namespace

@@ -1,0 +1,236 @@
+#include "worker_agent/shm_group.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+#include <random>
+#include <sstream>
+
+namespace elastic::worker_agent {
+namespace {
+
+constexpr uint64_t kMagic = 0x31686d7363616c65ull;  // "elacshm1"
+constexpr size_t kHeaderBytes = 4096;
+
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, Duration timeout) {
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  // Not FUTEX_PRIVATE: the word is shared between processes.
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr,
+          0);
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+}  // namespace
+
+struct ShmGroup::Header {
+  uint64_t magic;
+  uint64_t token;
+  uint64_t slot_bytes;
+  uint32_t local_size;
+  alignas(64) std::atomic<uint32_t> arrived;
+  alignas(64) std::atomic<uint32_t> generation;
+  std::atomic<uint32_t> aborted;
+  alignas(64) std::atomic<int32_t> pids[kMaxLocalSize];
+};
+static_assert(sizeof(std::atomic<uint32_t>) == 4 && std::atomic<uint32_t>::is_always_lock_free,
+              "the barrier's futex word must be a plain lock-free 32-bit word");
+
+size_t ShmGroup::DefaultSlotBytes(int local_size) {
+  // A half of 4 MiB in all stays in the cache; larger slots measured slower (bench/README).
+  size_t per = (4u << 20) / static_cast<size_t>(std::max(local_size, 1));
+  size_t slot = 64u << 10;
+  while (slot * 2 <= per && slot < (1u << 20)) slot *= 2;
+  return slot;
+}
+
+StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Create(int local_size, size_t slot_bytes) {
+  if (local_size < 1 || local_size > kMaxLocalSize) {
+    return InvalidArgument("a shared-memory group holds 1 to " + std::to_string(kMaxLocalSize) +
+                           " local ranks, not " + std::to_string(local_size));
+  }
+  if (slot_bytes == 0) slot_bytes = DefaultSlotBytes(local_size);
+  slot_bytes = (slot_bytes + 4095) / 4096 * 4096;
+  std::unique_ptr<ShmGroup> g(new ShmGroup());
+  std::random_device rd;
+  g->token_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  if (g->token_ == 0) g->token_ = 1;
+  std::ostringstream name;
+  name << "/elastic-" << getpid() << "-" << std::hex << g->token_;
+  g->name_ = name.str();
+  g->owner_ = true;
+  g->local_rank_ = 0;
+  g->local_size_ = local_size;
+  g->slot_bytes_ = slot_bytes;
+  g->bytes_ = kHeaderBytes + 2 * static_cast<size_t>(local_size) * slot_bytes;
+  int fd = shm_open(g->name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return Unavailable(Errno("shm_open(" + g->name_ + ")"));
+  auto fail = [&](const std::string& why) {
+    close(fd);
+    shm_unlink(g->name_.c_str());
+    g->unlinked_ = true;
+    return Unavailable(why);
+  };
+  if (ftruncate(fd, static_cast<off_t>(g->bytes_)) != 0) return fail(Errno("ftruncate"));
+  // Reserve the pages now: on a full tmpfs a later first touch would be SIGBUS.
+  if (int err = posix_fallocate(fd, 0, static_cast<off_t>(g->bytes_)); err != 0) {
+    return fail("reserving " + std::to_string(g->bytes_ >> 10) + " KiB in /dev/shm failed: " +
+                std::strerror(err) + " (a small /dev/shm, e.g. a container's 64 MiB default?)");
+  }
+  void* p = mmap(nullptr, g->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return fail(Errno("mmap"));
+  close(fd);
+  g->base_ = p;
+  g->header_ = new (p) Header();
+  g->header_->magic = kMagic;
+  g->header_->token = g->token_;
+  g->header_->slot_bytes = slot_bytes;
+  g->header_->local_size = static_cast<uint32_t>(local_size);
+  g->header_->pids[0].store(getpid());
+  return g;
+}
+
+StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Open(const std::string& description,
+                                                   int local_rank, int local_size) {
+  std::istringstream in(description);
+  std::string name;
+  uint64_t token = 0, slot_bytes = 0;
+  int size = 0;
+  in >> name >> std::hex >> token >> std::dec >> slot_bytes >> size;
+  if (!in || name.rfind("/elastic-", 0) != 0 || name.find('/', 1) != std::string::npos ||
+      slot_bytes == 0 || slot_bytes % 4096 != 0 || slot_bytes > (1ull << 30)) {
+    return InvalidArgument("bad shared-memory description '" + description + "'");
+  }
+  if (size != local_size || local_rank < 1 || local_rank >= local_size) {
+    return InvalidArgument("shared-memory group of " + std::to_string(size) +
+                           " ranks opened as local rank " + std::to_string(local_rank) + " of " +
+                           std::to_string(local_size));
+  }
+  std::unique_ptr<ShmGroup> g(new ShmGroup());
+  g->name_ = name;
+  g->token_ = token;
+  g->local_rank_ = local_rank;
+  g->local_size_ = local_size;
+  g->slot_bytes_ = slot_bytes;
+  g->bytes_ = kHeaderBytes + 2 * static_cast<size_t>(local_size) * slot_bytes;
+  int fd = shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    return Unavailable(Errno("shm_open(" + name + ")") +
+                       " (is local rank 0 of this host on another machine?)");
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != g->bytes_) {
+    close(fd);
+    return Unavailable("shared-memory segment " + name + " has the wrong size");
+  }
+  void* p = mmap(nullptr, g->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return Unavailable(Errno("mmap"));
+  g->base_ = p;
+  g->header_ = static_cast<Header*>(p);
+  if (g->header_->magic != kMagic || g->header_->token != token ||
+      g->header_->local_size != static_cast<uint32_t>(local_size) ||
+      g->header_->slot_bytes != slot_bytes) {
+    return Unavailable("shared-memory segment " + name + " is not the one local rank 0 made");
+  }
+  g->header_->pids[local_rank].store(getpid());
+  return g;
+}
+
+ShmGroup::~ShmGroup() {
+  if (base_) munmap(base_, bytes_);
+  Unlink();
+}
+
+void ShmGroup::Unlink() {
+  if (owner_ && !unlinked_) {
+    shm_unlink(name_.c_str());
+    unlinked_ = true;
+  }
+}
+
+std::string ShmGroup::Describe() const {
+  std::ostringstream out;
+  out << name_ << " " << std::hex << token_ << std::dec << " " << slot_bytes_ << " "
+      << local_size_;
+  return out.str();
+}
+
+char* ShmGroup::slot(int half, int local_rank) const {
+  return static_cast<char*>(base_) + kHeaderBytes +
+         (static_cast<size_t>(half) * local_size_ + local_rank) * slot_bytes_;
+}
+
+void ShmGroup::CheckPeersAlive() const {
+  for (int r = 0; r < local_size_; ++r) {
+    int32_t pid = header_->pids[r].load();
+    if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) {
+      throw WorkerLostError("local rank " + std::to_string(r) + " (pid " + std::to_string(pid) +
+                            ") is gone");
+    }
+  }
+}
+
+void ShmGroup::Barrier(const std::atomic<bool>& aborted, TimePoint deadline) {
+  auto lost = [](const std::string& why) {
+    return WorkerLostError("shared-memory allreduce: " + why);
+  };
+  if (header_->aborted.load(std::memory_order_acquire) || aborted.load()) {
+    throw lost("aborted (a peer is gone)");
+  }
+  uint32_t gen = header_->generation.load(std::memory_order_acquire);
+  if (header_->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 ==
+      static_cast<uint32_t>(local_size_)) {
+    header_->arrived.store(0, std::memory_order_relaxed);
+    header_->generation.store(gen + 1, std::memory_order_release);
+    FutexWakeAll(&header_->generation);
+    return;
+  }
+  // A short spin (the others are often a few microseconds away), then sleep on the futex:
+  // with more ranks than cores, spinning would take the core the last rank needs.
+  for (int i = 0; i < 200; ++i) {
+    if (header_->generation.load(std::memory_order_acquire) != gen) return;
+    CpuRelax();
+  }
+  TimePoint next_check = SteadyClock::now() + std::chrono::milliseconds(200);
+  while (header_->generation.load(std::memory_order_acquire) == gen) {
+    if (header_->aborted.load(std::memory_order_acquire) || aborted.load()) {
+      throw lost("aborted (a peer is gone)");
+    }
+    FutexWait(&header_->generation, gen, std::chrono::milliseconds(20));
+    if (header_->generation.load(std::memory_order_acquire) != gen) return;
+    TimePoint now = SteadyClock::now();
+    if (now >= deadline) throw lost("timed out waiting for the other ranks of this host");
+    if (now >= next_check) {
+      CheckPeersAlive();
+      next_check = now + std::chrono::milliseconds(200);
+    }
+  }
+}
+
+void ShmGroup::Abort() {
+  if (!header_) return;
+  header_->aborted.store(1, std::memory_order_release);
+  FutexWakeAll(&header_->generation);
+}
+
+}  // namespace elastic::worker_agent
