@@ -1,6 +1,7 @@
-// The training program of recovery_bench and scale_bench: allreduce steps on a model of
-// argv[2] floats (default 4 Mi: 16 MiB), a commit after every step, until the file named by
-// argv[1] exists (every rank stops after the same step: the
+// The training program of recovery_bench, scale_bench and spares_bench: allreduce steps on a
+// model of argv[2] floats (default 4 Mi: 16 MiB), a commit after every step, until the file
+// named by argv[1] exists; argv[3], when given, is a start-up delay in seconds (what importing
+// torch and building a model cost a real worker), slept before it joins (every rank stops after the same step: the
 // ranks agree on it with a max-allreduce). Rank 0 prints JSON lines with wall-clock
 // timestamps: {"event": "train_start"|"step", "round": R, "size": N, "ts": T}.
 #include <sys/stat.h>
@@ -8,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "state/state.h"
@@ -25,6 +27,7 @@ int main(int argc, char** argv) {
   std::string stop_file = argc > 1 ? argv[1] : "/nonexistent";
   ObjectState state;
   const size_t floats = argc > 2 ? std::stoul(argv[2]) : 4u << 20;
+  if (argc > 3) std::this_thread::sleep_for(std::chrono::duration<double>(std::stod(argv[3])));
   std::vector<float> model(floats, 0.0f);
   std::vector<float> grad(model.size());
   int64_t step = 0;

@@ -173,7 +173,7 @@ void Driver::DiscoveryLoop() {
   }
 }
 
-void Driver::Launch(Worker& w) {
+void Driver::Launch(Worker& w, bool spare) {
   // Each launch gets its own id: the rendezvous refuses a Join from any other process that
   // claims the slot (a stray copy, a stale process from an earlier launch).
   std::string worker_id = RandomToken().substr(0, 16);
@@ -185,7 +185,9 @@ void Driver::Launch(Worker& w) {
                                             {"ELASTIC_HOSTNAME", w.host},
                                             {"ELASTIC_IFACE", opts_.network_interface},
                                             {"ELASTIC_BACKEND", opts_.backend},
+                                            {"ELASTIC_SHM_ALLREDUCE", opts_.shm_allreduce ? "1" : "0"},
                                             {"PYTHONUNBUFFERED", "1"}};
+  if (spare) env["ELASTIC_SPARE"] = "1";
   LaunchSpec spec;
   spec.env = env;
   if (w.local) {
@@ -330,7 +332,7 @@ void Driver::Perform() {
             w.host = rendezvous::Slot::Parse(a.slot).host;
             w.local = IsLocalHost(w.host);
           }
-          Launch(w);
+          Launch(w, a.spare);
           break;
         }
         case Action::kSignal: {

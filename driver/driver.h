@@ -44,6 +44,11 @@ struct DriverOptions {
   std::string driver_address;  // host workers dial; default: 127.0.0.1 for local jobs
   std::string network_interface;
   std::string backend = "auto";  // ELASTIC_BACKEND: gloo, nccl or auto
+  // Ranks of a host allreduce through shared memory (ELASTIC_SHM_ALLREDUCE=0 when off).
+  bool shm_allreduce = true;
+  // Warm spares (--spares): started, initialised and waiting in Join on free slots; a lost
+  // member's place (or a new slot) is taken by one instead of a new process.
+  int spares = 0;
   std::string launcher = "ssh";
   int ssh_port = 0;               // 0: ssh's default
   std::string ssh_identity_file;  // "": ssh's default keys

@@ -124,7 +124,7 @@ class Driver : public rendezvous::Listener {
   // Carries out the policy's actions until it has none left (an action's result may be an
   // event that makes more).
   void Perform();
-  void Launch(Worker& w);
+  void Launch(Worker& w, bool spare);
   // Prints the worker's stacks into its stderr lines (eu-stack or gdb; `signal` first, when
   // the worker prints its own on it). Bounded: 15 s at most.
   void DumpStacks(Worker& w, int signal);

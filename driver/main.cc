@@ -169,6 +169,17 @@ int main(int argc, char** argv) {
                  "that see a CUDA device, else Gloo). Gloo always carries the CPU traffic "
                  "(ELASTIC_BACKEND)")
       ->check(CLI::IsMember({"auto", "gloo", "nccl"}));
+  app.add_option("--spares", o.spares,
+                 "Warm spares: start K more workers on free slots that initialise and wait; "
+                 "a lost worker's place (or a new slot) is taken by a spare instead of a new "
+                 "process, and another spare starts. Spares count against the hosts' slots "
+                 "(the default localhost gets -np + K). Elastic jobs only")
+      ->check(CLI::Range(0, 1024));
+  bool no_shm = false;
+  app.add_flag("--no-shm-allreduce", no_shm,
+               "Allreduce over Gloo's TCP ring alone, even between ranks of one host (default: "
+               "the ranks of a host reduce through shared memory and one rank per host joins "
+               "the cross-host ring; also $ELASTIC_SHM_ALLREDUCE=0)");
   app.add_option("--launcher", o.launcher, "How remote workers start: ssh")
       ->check(CLI::IsMember({"ssh"}));
   app.add_option("--ssh-port", o.ssh_port, "Port of the hosts' sshd (ssh launcher)")
@@ -226,6 +237,9 @@ int main(int argc, char** argv) {
     return 2;
   };
   if (o.command.empty()) return fail("no worker command given (e.g. `elastic-run -np 2 ./train`)");
+  if (const char* v = std::getenv("ELASTIC_SHM_ALLREDUCE"); no_shm || (v && std::string(v) == "0")) {
+    o.shm_allreduce = false;
+  }
   if (verbose && log_level.empty()) log_level = "debug";
   auto logging = elastic::InitLogging(log_level, "driver");
   if (!logging.ok()) return fail(logging.message());
@@ -259,9 +273,14 @@ int main(int argc, char** argv) {
     if (hosts->empty()) return fail("--hostfile " + hostfile + " lists no hosts");
     o.hosts = *hosts;
   } else if (o.discovery_script.empty()) {
-    o.hosts = {{"localhost", np > 0 ? np : (max_np > 0 ? max_np : (min_np > 0 ? min_np : 1))}};
+    o.hosts = {{"localhost",
+                (np > 0 ? np : (max_np > 0 ? max_np : (min_np > 0 ? min_np : 1))) + o.spares}};
   }
   o.elastic = !o.discovery_script.empty() || app.count("--min-np") > 0;
+  if (o.spares > 0 && !o.elastic) {
+    return fail("--spares needs an elastic job (--min-np or --host-discovery-script): a "
+                "fixed-size job ends at its first failure, so a spare would never be used");
+  }
   int total = 0;
   for (const auto& h : o.hosts) total += h.slots;
   o.np = np > 0 ? np : (min_np > 0 ? min_np : total);

@@ -6,18 +6,25 @@
 namespace elastic::driver {
 
 std::vector<std::string> PlanMembers(const PlanInput& in) {
-  std::vector<std::string> survivors, fresh;
-  for (const auto& slot : in.alive) {
+  std::vector<std::string> survivors, spares, fresh;
+  auto still_listed = [&](const std::string& slot) {
     Slot s = Slot::Parse(slot);
-    bool still_listed = std::any_of(in.listed.begin(), in.listed.end(), [&](const auto& h) {
-      return h.host == s.host && s.index < h.slots;
-    });
-    if (still_listed) survivors.push_back(slot);
+    return std::any_of(in.listed.begin(), in.listed.end(),
+                       [&](const auto& h) { return h.host == s.host && s.index < h.slots; });
+  };
+  // A running spare is used like a survivor: blacklisting its host stops new launches only.
+  for (const auto& slot : in.alive) {
+    if (still_listed(slot)) survivors.push_back(slot);
+  }
+  for (const auto& slot : in.spares) {
+    if (still_listed(slot)) spares.push_back(slot);
   }
   for (const auto& h : in.available) {
     for (int i = 0; i < h.slots; ++i) {
       std::string slot = Slot{h.host, i}.ToString();
-      if (!in.alive.count(slot) && !in.busy.count(slot)) fresh.push_back(slot);
+      if (!in.alive.count(slot) && !in.busy.count(slot) && !in.spares.count(slot)) {
+        fresh.push_back(slot);
+      }
     }
   }
   auto key = [&](const std::string& slot) {
@@ -28,10 +35,16 @@ std::vector<std::string> PlanMembers(const PlanInput& in) {
   };
   auto by_key = [&](const std::string& a, const std::string& b) { return key(a) < key(b); };
   std::sort(survivors.begin(), survivors.end(), by_key);
+  std::sort(spares.begin(), spares.end(), by_key);
   std::sort(fresh.begin(), fresh.end(), by_key);
   size_t cap = in.max_np > 0 ? in.max_np : SIZE_MAX;
+  if (in.reserve > 0) {
+    size_t slots = survivors.size() + spares.size() + fresh.size();
+    size_t floor = std::min(in.need, slots);
+    cap = std::min(cap, std::max(floor, slots > in.reserve ? slots - in.reserve : 0));
+  }
   std::vector<std::string> plan;
-  for (const auto* group : {&survivors, &fresh}) {
+  for (const auto* group : {&survivors, &spares, &fresh}) {
     for (const auto& s : *group) {
       if (plan.size() < cap) plan.push_back(s);
     }

@@ -18,12 +18,18 @@ struct PlanInput {
   std::vector<std::string> host_order;          // every host ever listed, first-seen order
   std::set<std::string> alive;                  // slots with a healthy running worker
   std::set<std::string> busy;                   // slots whose process is still going away
+  std::set<std::string> spares;                 // slots with a healthy warm spare (--spares)
   size_t max_np = 0;                            // 0: no cap
+  // Slots kept free of members for warm spares (--spares), unless fewer than `need` members
+  // (-np) could run otherwise.
+  size_t reserve = 0;
+  size_t need = 0;
 };
 
 // The members of the next round, in rank order. Survivors keep their place on hosts that are
 // still listed (blacklisting only stops new launches); free slots of available hosts fill up
-// to max_np, survivors first. Ranks go host by host in first-seen order, slots in order. Who
+// to max_np (and to all slots but `reserve`, while at least `need` remain), survivors first,
+// then warm spares (they take the place of a new process), then free slots. Ranks go host by host in first-seen order, slots in order. Who
 // becomes rank 0 is decided when the round forms, from the versions the members say they
 // hold (rendezvous::Core), not here.
 std::vector<std::string> PlanMembers(const PlanInput& in);

@@ -96,12 +96,16 @@ PlanInput Policy::MakePlanInput(std::vector<discovery::HostSlots> available) con
   in.max_np = d_.max_np > 0 ? static_cast<size_t>(d_.max_np) : 0;
   for (const auto& [slot, w] : workers_) {
     if (!w.running) continue;
-    if (!w.dropped && !w.removed && !w.leaving) {
+    if (w.spare && !w.dropped && !w.removed) {
+      in.spares.insert(slot);
+    } else if (!w.dropped && !w.removed && !w.leaving) {
       in.alive.insert(slot);
     } else {
       in.busy.insert(slot);
     }
   }
+  in.reserve = d_.spares > 0 ? static_cast<size_t>(d_.spares) : 0;
+  in.need = static_cast<size_t>(d_.np);  // spares use only slots beyond -np
   return in;
 }
 
@@ -151,7 +155,10 @@ void Policy::Replan(const std::string& reason) {
     return;
   }
   wait_until_ = TimePoint::max();
-  if (plan == members_ && round_ >= 0 && !round_broken_) return;  // nothing to change
+  if (plan == members_ && round_ >= 0 && !round_broken_) {  // nothing to change
+    TopUpSpares(plan);
+    return;
+  }
   round_broken_ = false;
   if (round_ >= 0) {
     if (d_.reset_limit >= 0 && resets_ >= d_.reset_limit) {
@@ -197,18 +204,81 @@ void Policy::Replan(const std::string& reason) {
   if (old_round >= 0) Event("fence", {{"round", old_round}, {"reason", reason}});
   for (size_t rank = 0; rank < plan.size(); ++rank) {
     const std::string& slot = plan[rank];
-    Worker& w = workers_[slot];
-    if (w.slot.empty()) {
-      w.slot = slot;
-      w.host = rendezvous::Slot::Parse(slot).host;
-      w.local = opts_.is_local(w.host);
+    Worker& w = WorkerFor(slot);
+    if (in.spares.count(slot)) {
+      // A warm spare takes the place: its Join is waiting already, no process starts.
+      w.spare = false;
+      w.round = round_;
+      w.rank = static_cast<int>(rank);
+      Log(Action::kInfo, fmt::format("round {}: the spare in slot {} takes a place", round_, slot));
+      Event("spare_promoted", {{"slot", slot}, {"round", round_}});
+    } else if (!alive(slot)) {
+      Launch(w, static_cast<int>(rank));
     }
-    if (!alive(slot)) Launch(w, static_cast<int>(rank));
+  }
+  TopUpSpares(plan);
+}
+
+Policy::Worker& Policy::WorkerFor(const std::string& slot) {
+  Worker& w = workers_[slot];
+  if (w.slot.empty()) {
+    w.slot = slot;
+    w.host = rendezvous::Slot::Parse(slot).host;
+    w.local = opts_.is_local(w.host);
+  }
+  return w;
+}
+
+void Policy::TopUpSpares(const std::vector<std::string>& plan) {
+  if (d_.spares <= 0 || shutting_down_ || finishing_) return;
+  int have = 0;
+  for (auto& [slot, w] : workers_) {
+    if (!w.running || !w.spare || w.dropped || w.removed) continue;
+    Slot s = Slot::Parse(slot);
+    bool listed = std::any_of(last_listed_.begin(), last_listed_.end(), [&](const auto& h) {
+      return h.host == s.host && s.index < h.slots;
+    });
+    if (!listed) {  // its host (or slot) is gone from the listing: the spare goes
+      w.dropped = true;
+      Action a;
+      a.kind = Action::kSignal;
+      a.slot = slot;
+      a.signal = SIGTERM;
+      Emit(std::move(a));
+      continue;
+    }
+    ++have;
+  }
+  if (spare_failures_ > d_.spares + 2) return;  // they keep failing: said once, below
+  for (const auto& h : hosts_.Available()) {
+    for (int i = 0; i < h.slots && have < d_.spares; ++i) {
+      std::string slot = Slot{h.host, i}.ToString();
+      if (std::find(plan.begin(), plan.end(), slot) != plan.end()) continue;
+      auto it = workers_.find(slot);
+      if (it != workers_.end() && it->second.running) continue;
+      Worker& w = WorkerFor(slot);
+      w.running = true;
+      w.spare = true;
+      w.dropped = w.removed = w.finished = w.leaving = false;
+      w.lost_at = TimePoint::max();
+      w.round = -1;
+      w.rank = -1;
+      w.step = -1;
+      w.pid = 0;
+      Action a;
+      a.kind = Action::kLaunch;
+      a.slot = slot;
+      a.spare = true;
+      Emit(std::move(a));
+      Log(Action::kInfo, fmt::format("starting a warm spare in slot {}", slot));
+      ++have;
+    }
   }
 }
 
 void Policy::Launch(Worker& w, int rank) {
   w.running = true;
+  w.spare = false;
   w.dropped = w.removed = w.finished = w.leaving = false;
   w.lost_at = TimePoint::max();
   w.round = round_;
@@ -225,7 +295,7 @@ void Policy::OnLaunched(const std::string& slot, int64_t pid) {
   auto it = workers_.find(slot);
   if (it == workers_.end()) return;
   it->second.pid = pid;
-  Event("worker_started", {{"slot", slot}, {"pid", pid}});
+  Event("worker_started", {{"slot", slot}, {"pid", pid}, {"spare", it->second.spare}});
 }
 
 void Policy::OnLaunchFailed(const std::string& slot, const Status& why) {
@@ -274,6 +344,19 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
     // Its slot is free again: a job waiting for slots (the hung worker was killed after the
     // re-plan) can use it now.
     Replan("slot " + slot + " is free");
+    return;
+  }
+  if (w.spare) {
+    // A spare that ends before taking a place: nothing of the job is lost; another starts,
+    // unless they keep failing.
+    w.spare = false;
+    if (code != 0) ++spare_failures_;
+    Log(Action::kWarn, fmt::format("the spare in slot {} exited: {}", slot, how));
+    if (spare_failures_ == d_.spares + 3) {
+      Log(Action::kWarn, fmt::format("{} spares failed before taking a place; no more spares "
+                                     "are started", spare_failures_));
+    }
+    Replan("the spare in slot " + slot + " exited");
     return;
   }
   if (w.removed || !IsMember(slot)) {

@@ -28,7 +28,8 @@ struct Action {
     kProposeRound,   // round, assignments, removed
     kWithdrawRound,  // round: the pending proposal goes; its Joins keep waiting
     kPublish,        // slot, event (fence, abort)
-    kLaunch,         // slot: start its worker; the result comes back as OnLaunched/OnLaunchFailed
+    kLaunch,         // slot (spare: as a warm spare): start its worker; the result comes back
+                     // as OnLaunched/OnLaunchFailed
     kSignal,         // slot, signal: to the worker's process group (SIGKILL: stop reading it)
     kDumpStacks,     // slot, signal: print the worker's stacks into its log (signal: the one
                      // that makes it print its own, e.g. Python's faulthandler; 0: none)
@@ -44,6 +45,7 @@ struct Action {
   std::string slot;
   rendezvous::Event event;
   int signal = 0;
+  bool spare = false;
   std::string name;
   JsonFields fields;
   Level level = kInfo;
@@ -125,6 +127,7 @@ class Policy {
     bool removed = false;   // scaled away
     bool finished = false;  // reported FINISHED
     bool leaving = false;   // reported LEAVING: no longer a member, whatever its exit
+    bool spare = false;     // a warm spare (--spares): started, waiting in Join for a place
     TimePoint lost_at = TimePoint::max();  // Watch broke; lost unless it exits by then
     int64_t round = -1;     // the round it is in (formed member, or launched for)
     int rank = -1;          // its rank there (planned until that round forms)
@@ -154,6 +157,10 @@ class Policy {
   void CheckHang();
   Duration HangTimeout() const;
   void Launch(Worker& w, int rank);
+  // Starts warm spares on free slots (not in `plan`, no process) until --spares run, and stops
+  // spares whose host is no longer listed.
+  void TopUpSpares(const std::vector<std::string>& plan);
+  Worker& WorkerFor(const std::string& slot);
   void CheckFinished();
   void HandleLeaving(Worker& w, const std::string& why);
   void AbortFormedRound(const std::string& gone, const std::string& why);
@@ -193,6 +200,7 @@ class Policy {
   int64_t withdrawn_ = -1;  // newest proposed round withdrawn
   std::map<std::string, int64_t> incident_round_;  // host -> round of its last counted failure
   int resets_ = 0, failures_ = 0;
+  int spare_failures_ = 0;  // spares that exited before taking a place
   TimePoint formed_at_{};           // when the newest formed round formed
   TimePoint next_progress_{};       // next progress line (after the first round forms)
   int64_t progress_samples_ = -1;   // samples at the last progress line

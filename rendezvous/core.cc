@@ -258,6 +258,7 @@ void Core::CompleteGet(WaiterId id, StatusOr<Values> result, std::vector<Complet
 void Core::SetWorkerId(const std::string& slot, const std::string& id) {
   std::lock_guard<std::mutex> g(mu_);
   worker_ids_[slot] = id;
+  known_slots_.insert(slot);  // a slot the driver started a process for (a warm spare too)
 }
 
 WaiterId Core::JoinAsync(const std::string& slot, int64_t last_round, int64_t version,

@@ -101,6 +101,7 @@ StatusOr<std::unique_ptr<Agent>> Agent::Create(WorkerEnv env, AgentOptions optio
     options.backend = *parsed;
   }
   if (Env("ELASTIC_NCCL_SHRINK") == "0") options.nccl_shrink = false;
+  const bool spare = Env("ELASTIC_SPARE") == "1";
   // The backend: NCCL when asked (it must load and see a device), or under auto when it can.
   Backend backend = Backend::kGloo;
   std::shared_ptr<worker_agent::NcclApi> nccl_api;
@@ -137,6 +138,7 @@ StatusOr<std::unique_ptr<Agent>> Agent::Create(WorkerEnv env, AgentOptions optio
   }
   std::unique_ptr<Agent> agent(new Agent(std::move(env), std::move(options)));
   agent->backend_ = backend;
+  agent->spare_ = spare;
   agent->nccl_api_ = std::move(nccl_api);
   rendezvous::ClientOptions co;
   co.address = agent->env_.driver_addr;
@@ -280,7 +282,16 @@ StatusOr<bool> Agent::JoinNextRound(int64_t version) {
     std::lock_guard<std::mutex> g(comm_mu_);
     comm_.reset();
   }
+  if (spare_) spdlog::info("spare in slot {}: initialised, waiting for a place", env_.slot);
   auto joined = client_->Join(env_.slot, current_round_.load(), version, options_.join_timeout);
+  if (spare_) {
+    // A warm spare (elastic-run --spares) waits for a place as long as the job runs: the
+    // driver gives it one, removes it, or stops it.
+    while (!joined.ok() && joined.status().code() == Code::kDeadlineExceeded) {
+      joined = client_->Join(env_.slot, current_round_.load(), version, options_.join_timeout);
+    }
+    spare_ = false;
+  }
   if (!joined.ok()) return joined.status().WithContext("joining the next round");
   if (joined->removed) {
     spdlog::info("slot {} was removed by the driver (scale-down)", env_.slot);

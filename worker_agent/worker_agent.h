@@ -131,6 +131,7 @@ class Agent {
   std::unique_ptr<worker_agent::GlooCommunicator> comm_;
   int64_t comm_round_ = -1;  // the round comm_ belongs to; guarded by comm_mu_
   Backend backend_ = Backend::kGloo;
+  bool spare_ = false;  // ELASTIC_SPARE=1: a warm spare, joining without a deadline
   std::shared_ptr<worker_agent::NcclApi> nccl_api_;  // when backend_ is kNccl
   // The NCCL communicator of nccl_round_ (replaced under comm_mu_), and while the next one is
   // built, the previous one (its shrink parent).

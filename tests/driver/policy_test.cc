@@ -651,5 +651,104 @@ TEST_CASE("policy: a local worker whose Watch stays broken is lost, named and du
   CHECK(Slots(a, Action::kSignal, SIGKILL) == std::vector<std::string>{"a:1"});
 }
 
+std::vector<std::string> Spares(const std::vector<Action>& actions) {
+  std::vector<std::string> out;
+  for (const Action* a : Of(actions, Action::kLaunch)) {
+    if (a->spare) out.push_back(a->slot);
+  }
+  return out;
+}
+
+TEST_CASE("policy: warm spares start on free slots, take a lost member's place, and are replaced",
+          "[unit]") {
+  DriverOptions d = Static({{"a", 5}}, 4, 2);
+  d.spares = 1;
+  d.host_failure_limit = 0;
+  Job job(d);
+  job.policy->Start(d.hosts);
+  auto a = job.Take();
+  // Four members and one spare, on the fifth slot.
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(proposals[0]->assignments.size() == 4);
+  CHECK(proposals[0]->assignments.count("a:4") == 0);
+  CHECK(Spares(a) == std::vector<std::string>{"a:4"});
+  CHECK(Slots(a, Action::kLaunch).size() == 5);
+  job.Form(0, {"a:0", "a:1", "a:2", "a:3"});
+  job.Take();
+  // A member dies: the spare takes its place (no process starts for the round), and a new
+  // spare starts on the dead member's slot.
+  job.policy->OnExit("a:1", 137, "killed by SIGKILL");
+  a = job.Take();
+  proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(proposals[0]->assignments.count("a:4") == 1);
+  CHECK(proposals[0]->assignments.count("a:1") == 0);
+  CHECK(proposals[0]->removed.empty());
+  CHECK(Events(a, "spare_promoted").size() == 1);
+  auto launches = Of(a, Action::kLaunch);
+  REQUIRE(launches.size() == 1);  // only the new spare
+  CHECK(launches[0]->slot == "a:1");
+  CHECK(launches[0]->spare);
+  job.Form(1, {"a:0", "a:2", "a:3", "a:4"});
+  job.Take();
+  // The new spare fails before it is used: another one starts, the round is untouched.
+  job.policy->OnExit("a:1", 1, "exit status 1");
+  a = job.Take();
+  CHECK(Of(a, Action::kProposeRound).empty());
+  CHECK(Spares(a) == std::vector<std::string>{"a:1"});
+  // A new slot listed: the spare takes it as a member, a new spare starts on the new slot.
+  d.discovery_script = "x";
+  job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 6}}, {});
+  a = job.Take();
+  proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(proposals[0]->assignments.size() == 5);
+  CHECK(proposals[0]->assignments.count("a:1") == 1);
+  CHECK(Spares(a) == std::vector<std::string>{"a:5"});
+}
+
+TEST_CASE("policy: a spare on a blacklisted host still takes a place, and none starts there",
+          "[unit]") {
+  DriverOptions d = Static({{"a", 3}}, 2, 1);
+  d.spares = 1;  // host_failure_limit 1: the first failure blacklists host a
+  Job job(d);
+  job.policy->Start(d.hosts);
+  auto a = job.Take();
+  CHECK(Spares(a) == std::vector<std::string>{"a:2"});
+  job.Form(0, {"a:0", "a:1"});
+  job.Take();
+  job.policy->OnExit("a:0", 137, "killed by SIGKILL");
+  a = job.Take();
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(proposals[0]->assignments.count("a:2") == 1);
+  CHECK(proposals[0]->assignments.size() == 2);
+  CHECK(Of(a, Action::kLaunch).empty());
+}
+
+TEST_CASE("policy: spares give way to members when the hosts have too few slots", "[unit]") {
+  DriverOptions d = Static({{"a", 3}}, 3, 2);
+  d.spares = 2;
+  d.host_failure_limit = 0;
+  Job job(d);
+  job.policy->Start(d.hosts);
+  auto a = job.Take();
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(proposals[0]->assignments.size() == 3);  // -np 3 needs every slot
+  CHECK(Spares(a).empty());
+  job.Form(0, {"a:0", "a:1", "a:2"});
+  job.Take();
+  // Spares use only slots beyond -np: after a loss the slot is a member's again.
+  job.policy->OnExit("a:2", 137, "killed by SIGKILL");
+  a = job.Take();
+  proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(proposals[0]->assignments.size() == 3);
+  CHECK(Spares(a).empty());
+  CHECK(Slots(a, Action::kLaunch) == std::vector<std::string>{"a:2"});
+}
+
 }  // namespace
 }  // namespace elastic::driver

@@ -218,3 +218,59 @@ def test_a_member_that_leaves_its_round_on_its_own_gets_its_peers_aborted(
     # is the first to join again: either way round 0 is left and re-formed.
     left = [e for e in events(log) if e["event"] == "member_left"]
     assert left and left[0]["round"] == 0, events(log)
+
+
+def shm_segments():
+    try:
+        return {f for f in os.listdir("/dev/shm") if f.startswith("elastic-")}
+    except FileNotFoundError:
+        return set()
+
+
+@pytest.mark.parametrize("slot", ["localhost:0", "localhost:2"])
+def test_a_local_rank_killed_inside_the_shared_memory_allreduce(
+        elastic_run, example, want, tmp_path, slot):
+    """Four workers of one host allreduce through shared memory. One dies between a chunk's
+    copy-in and its reduction, while the other three wait for it in the segment's barrier:
+    local rank 0 (the segment's creator) or local rank 2. The survivors must stop waiting (the
+    driver's abort, or the dead pid), recover, and finish with the fault-free model; nothing
+    may be left in /dev/shm."""
+    log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
+    before = shm_segments()
+    job = Job([elastic_run, "-np", "4", "--min-np", "2", "--host-failure-limit", "0",
+               "--event-log", log, example] + ARGS + ["--ledger", book],
+              env=hooks_env(f"shm_reduce@{slot}@0@40=kill"))
+    try:
+        check_promise(job, book, want)
+    finally:
+        job.kill()
+    assert "test hook shm_reduce fired: kill" in job.text()
+    assert len(formed(log)) >= 2, formed(log)
+    assert shm_segments() - before == set()
+
+
+def test_a_warm_spare_takes_the_place_of_a_lost_worker(elastic_run, example, want, tmp_path):
+    """--spares 1: a fourth process starts on a free slot (the default localhost gets -np + 1
+    slots) and waits, initialised. When a member dies, the spare takes its place in the next
+    round (no new process is started for it), is synced from rank 0, and a new spare starts
+    on the dead member's slot. The promise holds, and the spares are stopped at the end."""
+    log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
+    job = Job([elastic_run, "-np", "3", "--min-np", "2", "--spares", "1",
+               "--host-failure-limit", "0", "--event-log", log, example] + ARGS +
+              ["--ledger", book], env=hooks_env("before_save@localhost:1@0@6=kill"))
+    try:
+        check_promise(job, book, want)
+    finally:
+        job.kill()
+    ev = events(log)
+    started = [e for e in ev if e["event"] == "worker_started"]
+    assert [e["slot"] for e in started if e["spare"]][:2] == ["localhost:3", "localhost:1"], ev
+    promoted = [e for e in ev if e["event"] == "spare_promoted"]
+    assert [e["slot"] for e in promoted] == ["localhost:3"], ev
+    rounds = formed(log)
+    assert rounds[0]["members"] == ["localhost:0", "localhost:1", "localhost:2"], rounds
+    assert sorted(rounds[1]["members"]) == ["localhost:0", "localhost:2", "localhost:3"], rounds
+    # No member process was started after round 0 (the place was the spare's).
+    assert not [e for e in started[4:] if not e["spare"]], started
+    assert "spare in slot localhost:3: initialised, waiting for a place" in job.text()
+    assert job.wait(timeout=1) == 0
