@@ -261,6 +261,8 @@ void Policy::TopUpSpares(const std::vector<std::string>& plan) {
       w.spare = true;
       w.dropped = w.removed = w.finished = w.leaving = false;
       w.lost_at = TimePoint::max();
+      w.stale_closes += w.watches;
+      w.watches = 0;
       w.round = -1;
       w.rank = -1;
       w.step = -1;
@@ -281,6 +283,8 @@ void Policy::Launch(Worker& w, int rank) {
   w.spare = false;
   w.dropped = w.removed = w.finished = w.leaving = false;
   w.lost_at = TimePoint::max();
+  w.stale_closes += w.watches;
+  w.watches = 0;
   w.round = round_;
   w.rank = rank;
   w.step = -1;
@@ -670,9 +674,20 @@ void Policy::OnWatch(const std::string& slot, bool open) {
   if (it == workers_.end()) return;
   Worker& w = it->second;
   if (open) {
+    ++w.watches;
     w.lost_at = TimePoint::max();
     return;
   }
+  // The stream of the slot's previous process may close after the new one started (its
+  // close comes through gRPC, its exit through the pidfd): that close says nothing of the new
+  // process, which may not have opened its stream yet (a worker that imports torch takes
+  // seconds).
+  if (w.stale_closes > 0) {
+    --w.stale_closes;
+    return;
+  }
+  w.watches = std::max(0, w.watches - 1);
+  if (w.watches > 0) return;
   // A worker whose stream breaks while its process runs may be lost (stopped, hung, its host
   // gone): unless it exits (or the stream re-opens) within the grace, it is.
   if (!w.finished && !w.leaving && w.running && !shutting_down_) {

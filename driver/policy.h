@@ -129,6 +129,8 @@ class Policy {
     bool leaving = false;   // reported LEAVING: no longer a member, whatever its exit
     bool spare = false;     // a warm spare (--spares): started, waiting in Join for a place
     TimePoint lost_at = TimePoint::max();  // Watch broke; lost unless it exits by then
+    int watches = 0;       // Watch streams open from the slot's process
+    int stale_closes = 0;  // closes still to come from the streams of an earlier process
     int64_t round = -1;     // the round it is in (formed member, or launched for)
     int rank = -1;          // its rank there (planned until that round forms)
     int64_t pid = 0;

@@ -750,5 +750,34 @@ TEST_CASE("policy: spares give way to members when the hosts have too few slots"
   CHECK(Slots(a, Action::kLaunch) == std::vector<std::string>{"a:2"});
 }
 
+// Found by spares_bench: a member was killed, its slot relaunched with a worker that takes
+// seconds to start, and the old process's Watch stream closed only after the relaunch. The
+// close was taken for the new process's, which was declared lost (and killed) while it was
+// still starting.
+TEST_CASE("policy: the Watch close of a slot's previous process does not lose the new one",
+          "[unit]") {
+  DriverOptions d = Static({{"a", 2}}, 2, 1);
+  d.host_failure_limit = 0;
+  d.liveness_timeout = std::chrono::seconds(6);
+  Job job(d);
+  job.StartFormed(d.hosts, {"a:0", "a:1"});
+  job.policy->OnWatch("a:0", true);
+  job.policy->OnWatch("a:1", true);
+  job.policy->OnExit("a:1", 137, "killed by SIGKILL");  // relaunched at once
+  auto a = job.Take();
+  REQUIRE(Slots(a, Action::kLaunch) == std::vector<std::string>{"a:1"});
+  job.policy->OnWatch("a:1", false);  // the old process's stream, late
+  job.Pass(5, 1, {{"a:0", {1, false}}});  // the new process is still starting: no stream
+  a = job.Take();
+  CHECK(Slots(a, Action::kSignal, SIGKILL).empty());
+  CHECK(Events(a, "worker_hung").empty());
+  // Its own stream, once open and then broken, is watched as before.
+  job.policy->OnWatch("a:1", true);
+  job.policy->OnWatch("a:1", false);
+  job.Advance(std::chrono::seconds(3));
+  a = job.Take();
+  CHECK(Slots(a, Action::kSignal, SIGKILL) == std::vector<std::string>{"a:1"});
+}
+
 }  // namespace
 }  // namespace elastic::driver
