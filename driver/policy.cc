@@ -219,6 +219,14 @@ void Policy::Replan(const std::string& reason) {
   TopUpSpares(plan);
 }
 
+void Policy::SignalSlot(const std::string& slot, int signal) {
+  Action a;
+  a.kind = Action::kSignal;
+  a.slot = slot;
+  a.signal = signal;
+  Emit(std::move(a));
+}
+
 Policy::Worker& Policy::WorkerFor(const std::string& slot) {
   Worker& w = workers_[slot];
   if (w.slot.empty()) {
@@ -240,11 +248,7 @@ void Policy::TopUpSpares(const std::vector<std::string>& plan) {
     });
     if (!listed) {  // its host (or slot) is gone from the listing: the spare goes
       w.dropped = true;
-      Action a;
-      a.kind = Action::kSignal;
-      a.slot = slot;
-      a.signal = SIGTERM;
-      Emit(std::move(a));
+      SignalSlot(slot, SIGTERM);
       continue;
     }
     ++have;
@@ -593,11 +597,7 @@ void Policy::OnJoinTimeout(int64_t round, const std::vector<std::string>& missin
     if (it == workers_.end()) continue;
     Worker& w = it->second;
     if (w.running) {
-      Action a;
-      a.kind = Action::kSignal;
-      a.slot = slot;
-      a.signal = SIGKILL;
-      Emit(std::move(a));
+      SignalSlot(slot, SIGKILL);
     }
     w.dropped = true;
     ++failures_;
@@ -751,11 +751,7 @@ void Policy::Terminate(int code, const std::string& message) {
     w.lost_at = TimePoint::max();
     if (!w.running) continue;
     w.dropped = true;
-    Action a;
-    a.kind = Action::kSignal;
-    a.slot = slot;
-    a.signal = SIGTERM;
-    Emit(std::move(a));
+    SignalSlot(slot, SIGTERM);
     any = true;
   }
   if (any) {
@@ -876,11 +872,7 @@ void Policy::DeclareHung(Worker& w, const std::string& why) {
   dump.slot = w.slot;
   dump.signal = w.stack_signal;
   Emit(std::move(dump));
-  Action kill;
-  kill.kind = Action::kSignal;
-  kill.slot = w.slot;
-  kill.signal = SIGKILL;
-  Emit(std::move(kill));
+  SignalSlot(w.slot, SIGKILL);
 }
 
 JobView Policy::View() const {
@@ -979,11 +971,7 @@ void Policy::OnTimer() {
     if (now >= kill_at_) {
       for (auto& [slot, w] : workers_) {
         if (!w.running) continue;
-        Action a;
-        a.kind = Action::kSignal;
-        a.slot = slot;
-        a.signal = SIGKILL;
-        Emit(std::move(a));
+        SignalSlot(slot, SIGKILL);
       }
       kill_at_ = TimePoint::max();
     }
@@ -1005,11 +993,7 @@ void Policy::OnTimer() {
     if (w.running && now >= w.lost_at && !shutting_down_) {
       w.lost_at = TimePoint::max();
       if (!IsMember(slot)) {  // not in the job (removed, leaving): only its process goes
-        Action a;
-        a.kind = Action::kSignal;
-        a.slot = slot;
-        a.signal = SIGKILL;
-        Emit(std::move(a));
+        SignalSlot(slot, SIGKILL);
         continue;
       }
       DeclareHung(w, "lost contact: its Watch stream broke and stayed broken (the process is "

@@ -163,6 +163,7 @@ class Policy {
   // spares whose host is no longer listed.
   void TopUpSpares(const std::vector<std::string>& plan);
   Worker& WorkerFor(const std::string& slot);
+  void SignalSlot(const std::string& slot, int signal);
   void CheckFinished();
   void HandleLeaving(Worker& w, const std::string& why);
   void AbortFormedRound(const std::string& gone, const std::string& why);

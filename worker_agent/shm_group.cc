@@ -69,6 +69,10 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Create(int local_size, size_t slot
                            " local ranks, not " + std::to_string(local_size));
   }
   if (slot_bytes == 0) slot_bytes = DefaultSlotBytes(local_size);
+  if (slot_bytes > (256u << 20)) {
+    return InvalidArgument("a shared-memory slot of " + std::to_string(slot_bytes) +
+                           " bytes is over the limit of 256 MiB (ELASTIC_SHM_SLOT_BYTES?)");
+  }
   slot_bytes = (slot_bytes + 4095) / 4096 * 4096;
   std::unique_ptr<ShmGroup> g(new ShmGroup());
   std::random_device rd;
