@@ -358,7 +358,7 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
     // A spare that ends before taking a place: nothing of the job is lost; another starts,
     // unless they keep failing.
     w.spare = false;
-    if (code != 0) ++spare_failures_;
+    ++spare_failures_;  // a spare never ends on its own: even exit 0 is a failure of it
     Log(Action::kWarn, fmt::format("the spare in slot {} exited: {}", slot, how));
     if (spare_failures_ == d_.spares + 3) {
       Log(Action::kWarn, fmt::format("{} spares failed before taking a place; no more spares "

@@ -259,6 +259,9 @@ void Core::SetWorkerId(const std::string& slot, const std::string& id) {
   std::lock_guard<std::mutex> g(mu_);
   worker_ids_[slot] = id;
   known_slots_.insert(slot);  // a slot the driver started a process for (a warm spare too)
+  // A removal was news for the slot's earlier process; the new one (a warm spare, started on
+  // a slot an earlier round removed) waits for a round like any other.
+  removed_.erase(slot);
 }
 
 WaiterId Core::JoinAsync(const std::string& slot, int64_t last_round, int64_t version,

@@ -139,6 +139,27 @@ TEST_CASE("a removed slot gets REMOVED, waiting or not", "[unit]") {
   CHECK(later->removed);
 }
 
+// Found by the soak with --spares: a warm spare started on a slot that an earlier round had
+// removed got REMOVED on its Join at once and exited; relaunched, again and again.
+TEST_CASE("a slot the driver starts a new process for is no longer removed", "[unit]") {
+  Core core(CoreOptions{});
+  FormRound(core, 0, {"a:0", "a:1"}, -1);
+  auto keeper = std::async(std::launch::async, [&] { return core.Join("a:0", 0, 0, Far(core)); });
+  REQUIRE(core.ProposeRound(1, Members({"a:0"}), {"a:1"}).ok());
+  REQUIRE(keeper.get().ok());
+  core.SetWorkerId("a:1", "new-process");
+  auto join_as = [&](const std::string& id, TimePoint deadline) {
+    auto p = std::make_shared<std::promise<StatusOr<rendezvous::JoinResult>>>();
+    auto f = p->get_future();
+    core.JoinAsync("a:1", -1, 0, deadline, [p](auto r) { p->set_value(std::move(r)); }, id);
+    return f.get();
+  };
+  auto spare = join_as("new-process", core.clock()->Now() + std::chrono::milliseconds(200));
+  CHECK(spare.status().code() == Code::kDeadlineExceeded);  // waits for a place
+  // The process it replaced, had it lingered, is refused as a stray.
+  CHECK(join_as("old-process", Far(core)).status().code() == Code::kFailedPrecondition);
+}
+
 TEST_CASE("Join ends at its deadline, and missing members are reported", "[unit]") {
   FakeClock clock;
   RecordingListener listener;
