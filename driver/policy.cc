@@ -260,42 +260,28 @@ void Policy::TopUpSpares(const std::vector<std::string>& plan) {
       if (std::find(plan.begin(), plan.end(), slot) != plan.end()) continue;
       auto it = workers_.find(slot);
       if (it != workers_.end() && it->second.running) continue;
-      Worker& w = WorkerFor(slot);
-      w.running = true;
-      w.spare = true;
-      w.dropped = w.removed = w.finished = w.leaving = false;
-      w.lost_at = TimePoint::max();
-      w.stale_closes += w.watches;
-      w.watches = 0;
-      w.round = -1;
-      w.rank = -1;
-      w.step = -1;
-      w.pid = 0;
-      Action a;
-      a.kind = Action::kLaunch;
-      a.slot = slot;
-      a.spare = true;
-      Emit(std::move(a));
+      Launch(WorkerFor(slot), -1, /*spare=*/true);
       Log(Action::kInfo, fmt::format("starting a warm spare in slot {}", slot));
       ++have;
     }
   }
 }
 
-void Policy::Launch(Worker& w, int rank) {
+void Policy::Launch(Worker& w, int rank, bool spare) {
   w.running = true;
-  w.spare = false;
+  w.spare = spare;
   w.dropped = w.removed = w.finished = w.leaving = false;
   w.lost_at = TimePoint::max();
   w.stale_closes += w.watches;
   w.watches = 0;
-  w.round = round_;
-  w.rank = rank;
+  w.round = spare ? -1 : round_;  // a spare is in no round until it takes a place
+  w.rank = spare ? -1 : rank;
   w.step = -1;
   w.pid = 0;
   Action a;
   a.kind = Action::kLaunch;
   a.slot = w.slot;
+  a.spare = spare;
   Emit(std::move(a));
 }
 

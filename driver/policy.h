@@ -158,7 +158,8 @@ class Policy {
   // The formed round made no progress for the hang timeout: finds who holds it up.
   void CheckHang();
   Duration HangTimeout() const;
-  void Launch(Worker& w, int rank);
+  // Starts the slot's worker for rank `rank` of the newest proposed round, or as a warm spare.
+  void Launch(Worker& w, int rank, bool spare = false);
   // Starts warm spares on free slots (not in `plan`, no process) until --spares run, and stops
   // spares whose host is no longer listed.
   void TopUpSpares(const std::vector<std::string>& plan);

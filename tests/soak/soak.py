@@ -313,15 +313,17 @@ class Soak:
         left = wait_gone(pids, timeout=10)
         if left:
             problems.append(f"worker processes left behind: {left}")
-        # Spares never used are stopped at the end by design.
-        spare_now = {}
+        # A spare not used (yet) is stopped by design: at the end, or when its slot is no
+        # longer listed. Whether an exit was a spare's is what the slot was at that moment.
+        spare_now, stopped = {}, []
         for e in ev.all:
             if e["event"] == "worker_started":
                 spare_now[e["slot"]] = bool(e.get("spare"))
             elif e["event"] == "spare_promoted":
                 spare_now[e["slot"]] = False
-        stopped = [e["slot"] for e in ev.all if e["event"] == "worker_exited"
-                   and e["status"].startswith("signal 15") and not spare_now.get(e["slot"])]
+            elif (e["event"] == "worker_exited" and e["status"].startswith("signal 15")
+                  and not spare_now.get(e["slot"])):
+                stopped.append(e["slot"])
         if rc == 0 and stopped:
             problems.append(f"worker(s) {stopped} never ended by themselves (stopped at the end)")
         if [e for e in ev.all if e["event"] == "state_lost"]:
