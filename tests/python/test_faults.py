@@ -10,7 +10,7 @@ import pytest
 
 import ledger
 from helpers import Job, run
-from test_elastic import events, wait_event, worker_pid
+from test_elastic import check_event_schema, events, wait_event, worker_pid
 
 ARGS = ["--epochs", "8", "--step-ms", "5", "--commit-every", "4"]
 
@@ -273,4 +273,5 @@ def test_a_warm_spare_takes_the_place_of_a_lost_worker(elastic_run, example, wan
     # No member process was started after round 0 (the place was the spare's).
     assert not [e for e in started[4:] if not e["spare"]], started
     assert "spare in slot localhost:3: initialised, waiting for a place" in job.text()
+    check_event_schema(log)
     assert job.wait(timeout=1) == 0
