@@ -5,19 +5,20 @@
 
 namespace elastic::driver {
 
+bool SlotListed(const std::vector<discovery::HostSlots>& listed, const std::string& slot) {
+  Slot s = Slot::Parse(slot);
+  return std::any_of(listed.begin(), listed.end(),
+                     [&](const auto& h) { return h.host == s.host && s.index < h.slots; });
+}
+
 std::vector<std::string> PlanMembers(const PlanInput& in) {
   std::vector<std::string> survivors, spares, fresh;
-  auto still_listed = [&](const std::string& slot) {
-    Slot s = Slot::Parse(slot);
-    return std::any_of(in.listed.begin(), in.listed.end(),
-                       [&](const auto& h) { return h.host == s.host && s.index < h.slots; });
-  };
   // A running spare is used like a survivor: blacklisting its host stops new launches only.
   for (const auto& slot : in.alive) {
-    if (still_listed(slot)) survivors.push_back(slot);
+    if (SlotListed(in.listed, slot)) survivors.push_back(slot);
   }
   for (const auto& slot : in.spares) {
-    if (still_listed(slot)) spares.push_back(slot);
+    if (SlotListed(in.listed, slot)) spares.push_back(slot);
   }
   for (const auto& h : in.available) {
     for (int i = 0; i < h.slots; ++i) {

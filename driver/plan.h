@@ -34,6 +34,9 @@ struct PlanInput {
 // hold (rendezvous::Core), not here.
 std::vector<std::string> PlanMembers(const PlanInput& in);
 
+// Whether `slot` (host:index) is one of the slots `listed` gives its host.
+bool SlotListed(const std::vector<discovery::HostSlots>& listed, const std::string& slot);
+
 using rendezvous::AssignRanks;
 using rendezvous::Slot;
 

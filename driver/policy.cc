@@ -242,11 +242,7 @@ void Policy::TopUpSpares(const std::vector<std::string>& plan) {
   int have = 0;
   for (auto& [slot, w] : workers_) {
     if (!w.running || !w.spare || w.dropped || w.removed) continue;
-    Slot s = Slot::Parse(slot);
-    bool listed = std::any_of(last_listed_.begin(), last_listed_.end(), [&](const auto& h) {
-      return h.host == s.host && s.index < h.slots;
-    });
-    if (!listed) {  // its host (or slot) is gone from the listing: the spare goes
+    if (!SlotListed(last_listed_, slot)) {  // its host (or slot) is unlisted: the spare goes
       w.dropped = true;
       SignalSlot(slot, SIGTERM);
       continue;
