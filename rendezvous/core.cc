@@ -114,8 +114,18 @@ Status Core::ProposeRound(int64_t round, std::map<std::string, Assignment> membe
     latest_proposed_ = round;
     proposed_.round = round;
     proposed_.members = std::move(members);
-    proposed_.deadline = options_.clock->Now() + options_.rendezvous_timeout;
     proposed_.timeout_reported = false;
+    // A slot's wait runs from when a proposal first expected it, through the proposals that
+    // replace one another before a round forms: churn that re-plans every few seconds must not
+    // keep a missing member from ever being named (its process restarting starts it anew).
+    TimePoint now = options_.clock->Now();
+    std::map<std::string, TimePoint> since;
+    for (const auto& [slot, a] : proposed_.members) {
+      auto old = expected_since_.find(slot);
+      since[slot] = old != expected_since_.end() ? old->second : now;
+    }
+    expected_since_ = std::move(since);
+    proposed_.deadline = ProposalDeadline(now);
     // Removed slots that are waiting learn it now.
     std::vector<WaiterId> gone;
     for (auto& [id, w] : joins_) {
@@ -135,6 +145,7 @@ void Core::WithdrawRound(int64_t round) {
   std::lock_guard<std::mutex> g(mu_);
   if (proposed_.round != round) return;
   proposed_ = Proposal();
+  expected_since_.clear();  // waiting for hosts: the next proposal's wait starts afresh
   Wake();
 }
 
@@ -185,6 +196,7 @@ void Core::TryForm(std::vector<Completion>* out) {
   formed_members_ = AssignRanks(info.members, info.sync_required);
   for (auto& [slot, a] : formed_members_) a.round = formed_round_;
   proposed_ = Proposal();
+  expected_since_.clear();
   // The old round's scope ends: its keys go and its waiting Gets are told.
   std::vector<WaiterId> stale;
   for (auto& [id, w] : gets_) stale.push_back(id);
@@ -262,6 +274,24 @@ void Core::SetWorkerId(const std::string& slot, const std::string& id) {
   // A removal was news for the slot's earlier process; the new one (a warm spare, started on
   // a slot an earlier round removed) waits for a round like any other.
   removed_.erase(slot);
+  // A new process of a slot the pending proposal expects: its wait starts now.
+  auto since = expected_since_.find(slot);
+  if (since != expected_since_.end() && proposed_.round >= 0) {
+    since->second = options_.clock->Now();
+    proposed_.deadline = ProposalDeadline(options_.clock->Now());
+    Wake();
+  }
+}
+
+TimePoint Core::ProposalDeadline(TimePoint now) const {
+  // The earliest member wait still to end; when every member's has, a look each second (a
+  // member that waits now may still go away).
+  TimePoint next = TimePoint::max();
+  for (const auto& [slot, since] : expected_since_) {
+    TimePoint due = since + options_.rendezvous_timeout;
+    if (due > now) next = std::min(next, due);
+  }
+  return next != TimePoint::max() ? next : now + std::chrono::seconds(1);
 }
 
 WaiterId Core::JoinAsync(const std::string& slot, int64_t last_round, int64_t version,
@@ -505,13 +535,22 @@ void Core::ExpireDue(std::vector<Completion>* out, std::vector<std::string>* mis
     }
   }
   if (proposed_.round >= 0 && !proposed_.timeout_reported && proposed_.deadline <= now) {
-    proposed_.timeout_reported = true;
-    *timed_out_round = proposed_.round;
+    // Members that have been expected for the whole rendezvous timeout and do not wait.
     for (const auto& [slot, a] : proposed_.members) {
+      auto since = expected_since_.find(slot);
+      if (since != expected_since_.end() && since->second + options_.rendezvous_timeout > now) {
+        continue;
+      }
       auto it = join_by_slot_.find(slot);
       if (it == join_by_slot_.end() || joins_.at(it->second).last_round >= proposed_.round) {
         missing->push_back(slot);
       }
+    }
+    if (!missing->empty()) {
+      proposed_.timeout_reported = true;
+      *timed_out_round = proposed_.round;
+    } else {
+      proposed_.deadline = ProposalDeadline(now);
     }
   }
 }

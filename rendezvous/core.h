@@ -6,7 +6,10 @@
 // last_round includes the slot, with REMOVED if the slot was removed, or with
 // DEADLINE_EXCEEDED at its deadline. A proposed round is formed once every member has an
 // outstanding Join; members still missing after the rendezvous timeout are reported through
-// Listener::OnJoinTimeout, and the driver re-plans by proposing a newer round.
+// Listener::OnJoinTimeout, and the driver re-plans by proposing a newer round. A member's wait
+// counts from the first proposal that expected it, across proposals that replace one another
+// before a round forms (a new process for the slot, SetWorkerId, starts it anew; a withdrawn
+// round ends every wait).
 //
 // Versions. Each Join says which version of the committed state the worker holds (the count
 // of commits that made it; 0: none). When a round forms, rank 0 becomes a holder of the
@@ -159,6 +162,8 @@ class Core {
   void ExpireDue(std::vector<Completion>* out, std::vector<std::string>* missing,
                  int64_t* timed_out_round);
   Status CheckRound(int64_t round) const;
+  // When the pending proposal next looks for members that waited too long.
+  TimePoint ProposalDeadline(TimePoint now) const;
   void Wake();
 
   CoreOptions options_;
@@ -179,6 +184,9 @@ class Core {
   int64_t newest_committed_ = 0;                            // guarded by mu_
   std::map<std::string, Assignment> formed_members_;        // guarded by mu_
   std::set<std::string> removed_;                           // guarded by mu_
+  // Since when each member of the pending proposal has been expected (proposals that replace
+  // one another before a round forms carry it over). Guarded by mu_.
+  std::map<std::string, TimePoint> expected_since_;
   std::set<std::string> known_slots_;  // guarded by mu_: every slot ever proposed
   std::map<std::string, std::string> worker_ids_;  // guarded by mu_: slot -> current launch
   // The formed round's store, and who waits on which key.

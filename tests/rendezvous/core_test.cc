@@ -194,6 +194,56 @@ TEST_CASE("Join ends at its deadline, and missing members are reported", "[unit]
   CHECK(lr.status().code() == Code::kDeadlineExceeded);
 }
 
+TEST_CASE("a member's wait counts across proposals that replace each other", "[unit]") {
+  // Regression (soak seed 609133795): discovery churn re-planned every few seconds and each
+  // proposal restarted the whole rendezvous timeout, so a member that never joined was never
+  // named and no round formed for half a minute.
+  FakeClock clock;
+  RecordingListener listener;
+  CoreOptions opts;
+  opts.clock = &clock;
+  opts.listener = &listener;
+  opts.rendezvous_timeout = seconds(10);
+  Core core(opts);
+  REQUIRE(core.ProposeRound(0, Members({"a:0", "b:0", "c:0"}), {}).ok());
+  auto join = std::async(std::launch::async,
+                         [&] { return core.Join("a:0", -1, 0, clock.Now() + seconds(100)); });
+  REQUIRE(WaitPending(core, 1));
+  clock.Advance(seconds(6));
+  // Churn: a host is added (d:0 launched now) and c:0's process is started again.
+  REQUIRE(core.ProposeRound(1, Members({"a:0", "b:0", "c:0", "d:0"}), {}).ok());
+  core.SetWorkerId("d:0", "first");
+  core.SetWorkerId("c:0", "relaunched");
+  clock.Advance(seconds(5));
+  REQUIRE(listener.WaitTimeout());
+  {
+    std::lock_guard<std::mutex> g(listener.mu);
+    CHECK(listener.timeout_round == 1);
+    CHECK(listener.missing == std::vector<std::string>{"b:0"});  // expected for 11 s
+    listener.timeout_round = -1;
+  }
+  // The driver drops b:0; c:0 and d:0 keep the rest of their own waits and are named at theirs.
+  REQUIRE(core.ProposeRound(2, Members({"a:0", "c:0", "d:0"}), {}).ok());
+  clock.Advance(seconds(3));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  {
+    std::lock_guard<std::mutex> g(listener.mu);
+    CHECK(listener.timeout_round == -1);  // 8 s of 10 for c:0 and d:0
+  }
+  clock.Advance(seconds(3));
+  REQUIRE(listener.WaitTimeout());
+  {
+    std::lock_guard<std::mutex> g(listener.mu);
+    CHECK(listener.timeout_round == 2);
+    CHECK(listener.missing == std::vector<std::string>{"c:0", "d:0"});
+  }
+  REQUIRE(core.ProposeRound(3, Members({"a:0"}), {}).ok());
+  auto r = join.get();
+  REQUIRE(r.ok());
+  CHECK(r->assignment.round == 3);
+  core.Shutdown();
+}
+
 TEST_CASE("a slot that no round ever included is refused at once", "[unit]") {
   Core core(CoreOptions{});
   REQUIRE(core.ProposeRound(0, Members({"a:0"}), {}).ok());
