@@ -12,10 +12,13 @@ bool SlotListed(const std::vector<discovery::HostSlots>& listed, const std::stri
 }
 
 std::vector<std::string> PlanMembers(const PlanInput& in) {
-  std::vector<std::string> survivors, spares, fresh;
+  std::vector<std::string> kept, survivors, spares, fresh;
+  for (const auto& slot : in.keep) {
+    if (in.alive.count(slot)) kept.push_back(slot);
+  }
   // A running spare is used like a survivor: blacklisting its host stops new launches only.
   for (const auto& slot : in.alive) {
-    if (SlotListed(in.listed, slot)) survivors.push_back(slot);
+    if (SlotListed(in.listed, slot) && !in.keep.count(slot)) survivors.push_back(slot);
   }
   for (const auto& slot : in.spares) {
     if (SlotListed(in.listed, slot)) spares.push_back(slot);
@@ -40,12 +43,12 @@ std::vector<std::string> PlanMembers(const PlanInput& in) {
   std::sort(fresh.begin(), fresh.end(), by_key);
   size_t cap = in.max_np > 0 ? in.max_np : SIZE_MAX;
   if (in.reserve > 0) {
-    size_t slots = survivors.size() + spares.size() + fresh.size();
+    size_t slots = kept.size() + survivors.size() + spares.size() + fresh.size();
     size_t floor = std::min(in.need, slots);
     cap = std::min(cap, std::max(floor, slots > in.reserve ? slots - in.reserve : 0));
   }
   std::vector<std::string> plan;
-  for (const auto* group : {&survivors, &spares, &fresh}) {
+  for (const auto* group : {&kept, &survivors, &spares, &fresh}) {
     for (const auto& s : *group) {
       if (plan.size() < cap) plan.push_back(s);
     }

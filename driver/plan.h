@@ -19,6 +19,9 @@ struct PlanInput {
   std::set<std::string> alive;                  // slots with a healthy running worker
   std::set<std::string> busy;                   // slots whose process is still going away
   std::set<std::string> spares;                 // slots with a healthy warm spare (--spares)
+  // Alive slots that stay although their host is no longer listed: the only holders of the
+  // newest committed state, until it has been handed to the others (see Policy).
+  std::set<std::string> keep;
   size_t max_np = 0;                            // 0: no cap
   // Slots kept free of members for warm spares (--spares), unless fewer than `need` members
   // (-np) could run otherwise.
@@ -27,7 +30,8 @@ struct PlanInput {
 };
 
 // The members of the next round, in rank order. Survivors keep their place on hosts that are
-// still listed (blacklisting only stops new launches); free slots of available hosts fill up
+// still listed (blacklisting only stops new launches), and kept slots (`keep`) stay before all
+// others; free slots of available hosts fill up
 // to max_np (and to all slots but `reserve`, while at least `need` remain), survivors first,
 // then warm spares (they take the place of a new process), then free slots. Ranks go host by host in first-seen order, slots in order. Who
 // becomes rank 0 is decided when the round forms, from the versions the members say they

@@ -104,9 +104,36 @@ PlanInput Policy::MakePlanInput(std::vector<discovery::HostSlots> available) con
       in.busy.insert(slot);
     }
   }
+  in.keep = StateKeepers();
   in.reserve = d_.spares > 0 ? static_cast<size_t>(d_.spares) : 0;
   in.need = static_cast<size_t>(d_.np);  // spares use only slots beyond -np
   return in;
+}
+
+std::set<std::string> Policy::StateKeepers() const {
+  // Removing a host must not take the only copy of the state with it (its workers are still
+  // alive when discovery stops listing it): one holder stays for a round, hands the state over
+  // in that round's sync, and goes once a listed member has committed as new a version.
+  int64_t newest = 0, listed_newest = 0;
+  std::vector<const Worker*> unlisted;
+  for (const auto& [slot, w] : workers_) {
+    if (!w.running || w.dropped || w.leaving || w.spare) continue;
+    if (w.removed && !kept_.count(slot)) continue;
+    newest = std::max(newest, w.version);
+    if (SlotListed(last_listed_, slot)) {
+      listed_newest = std::max(listed_newest, w.version);
+    } else {
+      unlisted.push_back(&w);
+    }
+  }
+  if (newest <= 0 || listed_newest >= newest) return {};
+  const Worker* pick = nullptr;
+  for (const Worker* w : unlisted) {
+    if (w->version != newest) continue;
+    if (!pick || (kept_.count(w->slot) && !kept_.count(pick->slot))) pick = w;
+  }
+  if (!pick) return {};
+  return {pick->slot};
 }
 
 bool Policy::CanEverReach(size_t need) const {
@@ -123,6 +150,16 @@ void Policy::Replan(const std::string& reason) {
   PlanInput in = MakePlanInput(hosts_.Available());
   auto alive = [&](const std::string& slot) { return in.alive.count(slot) > 0; };
   std::vector<std::string> plan = PlanMembers(in);
+  for (const auto& slot : in.keep) {
+    if (kept_.count(slot)) continue;
+    const Worker& w = workers_.at(slot);
+    Log(Action::kWarn,
+        fmt::format("slot {}'s host {} is no longer listed, but its worker alone holds the "
+                    "newest state (version {}): it stays until the state is handed over",
+                    slot, w.host, w.version));
+    Event("holder_kept", {{"slot", slot}, {"version", w.version}});
+  }
+  kept_ = in.keep;
   size_t need = static_cast<size_t>(started_ ? d_.min_np : d_.np);
   if (plan.size() < need) {
     std::string needed = started_ ? "--min-np " + std::to_string(d_.min_np)
@@ -273,6 +310,7 @@ void Policy::Launch(Worker& w, int rank, bool spare) {
   w.round = spare ? -1 : round_;  // a spare is in no round until it takes a place
   w.rank = spare ? -1 : rank;
   w.step = -1;
+  w.version = 0;  // a new process holds nothing until it says so
   w.pid = 0;
   Action a;
   a.kind = Action::kLaunch;
@@ -470,6 +508,7 @@ void Policy::OnReport(const rendezvous::Report& r) {
       w.samples = r.samples;
       w.epoch_size = r.epoch_size;
       w.step = r.step;
+      w.version = r.version;
       if (!first_commit_logged_ && r.round == formed_) {
         first_commit_logged_ = true;
         if (recovering_) {
@@ -503,6 +542,12 @@ void Policy::OnReport(const rendezvous::Report& r) {
                                    "same step (see docs/recovery.md, \"Stopping\")",
                                    Label(finisher_), finisher_, f.step, r.slot, r.step));
         }
+      }
+      if (!kept_.empty() && !kept_.count(r.slot) && StateKeepers().empty()) {
+        Log(Action::kInfo, fmt::format("slot {} committed version {}: the state is handed over; "
+                                       "slot(s) [{}] of unlisted hosts can go",
+                                       r.slot, r.version, fmt::join(kept_, " ")));
+        Replan("the state was handed over");
       }
       break;
   }

@@ -135,6 +135,7 @@ class Policy {
     int rank = -1;          // its rank there (planned until that round forms)
     int64_t pid = 0;
     int64_t step = -1;  // of its newest commit
+    int64_t version = 0;  // of the state it says it holds (its newest commit report)
     TimePoint commit_at{};      // when its newest commit report came
     int64_t logged_round = -1;  // the round of its last `committed` event
     // From its newest report of any kind (a heartbeat comes every second).
@@ -173,6 +174,9 @@ class Policy {
   void RecordHostFailure(const Worker& w, const std::string& what);
   // Whether `need` workers could ever run again without a new host being listed.
   bool CanEverReach(size_t need) const;
+  // Workers whose host is no longer listed but who alone hold the newest state any live
+  // worker reports: they stay members until a listed member reports a commit as new.
+  std::set<std::string> StateKeepers() const;
   // The planner's view of the hosts (`available` of them) and of the workers.
   PlanInput MakePlanInput(std::vector<discovery::HostSlots> available) const;
   // The formed round's progress: its last commit or collective started (or its forming), and
@@ -200,6 +204,7 @@ class Policy {
   int64_t round_ = -1;                     // newest proposed round
   int64_t formed_ = -1;                    // newest formed round
   std::vector<std::string> formed_members_;
+  std::set<std::string> kept_;  // StateKeepers() at the newest re-plan
   int64_t aborted_ = -1;    // newest formed round whose members got ABORT
   int64_t withdrawn_ = -1;  // newest proposed round withdrawn
   std::map<std::string, int64_t> incident_round_;  // host -> round of its last counted failure

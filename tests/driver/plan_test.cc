@@ -48,6 +48,20 @@ TEST_CASE("plan: slots of hosts no longer listed, or beyond a smaller count, are
   CHECK(PlanMembers(in) == std::vector<std::string>{"a:0"});
 }
 
+TEST_CASE("plan: a kept holder stays although its host is unlisted, and wins the cap",
+          "[unit]") {
+  PlanInput in;
+  in.listed = in.available = {{"a", 2}};
+  in.host_order = {"gone", "a"};
+  in.alive = {"gone:0", "gone:1", "a:0"};
+  in.max_np = 2;
+  CHECK(PlanMembers(in) == std::vector<std::string>{"a:0", "a:1"});
+  in.keep = {"gone:1"};
+  CHECK(PlanMembers(in) == std::vector<std::string>{"gone:1", "a:0"});
+  in.alive.erase("gone:1");  // a kept slot whose worker is gone is not planned
+  CHECK(PlanMembers(in) == std::vector<std::string>{"a:0", "a:1"});
+}
+
 TEST_CASE("assign: local and cross ranks by host", "[unit]") {
   auto a = AssignRanks({"x:0", "y:0", "x:1", "y:1", "y:2"}, true);
   CHECK(a["x:1"].rank == 2);

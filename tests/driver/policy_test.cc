@@ -407,6 +407,71 @@ TEST_CASE("policy: discovery grows the job up to --max-np, a smaller host drops 
   CHECK_FALSE(job.policy->shutting_down());
 }
 
+TEST_CASE("policy: a removed host's worker that alone holds the state stays until it is handed "
+          "over",
+          "[unit]") {
+  // Regression (soak seed 609133795): discovery stopped listing the host of the only worker
+  // that held the state (the others were new after kills); it was removed and the job ended
+  // with "state lost".
+  DriverOptions d;
+  d.discovery_script = "discover.sh";
+  d.np = d.min_np = 1;
+  d.max_np = 4;
+  d.elastic = true;
+  Job job(d);
+  job.StartFormed({{"b", 1}}, {"b:0"});
+  job.Commit("b:0", 0, 5);
+  job.policy->OnDiscovery(std::vector<HostSlots>{{"b", 1}, {"a", 1}}, {});  // a:0: new
+  job.Take();
+  job.Form(1, {"b:0", "a:0"}, {5, 0});
+  // b goes away (a spot host reclaimed) and c comes: b:0 stays one round to hand the state on.
+  job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 1}, {"c", 1}}, {});
+  auto a = job.Take();
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(Members(*proposals[0]) == std::vector<std::string>{"b:0", "a:0", "c:0"});
+  CHECK(proposals[0]->removed.empty());
+  REQUIRE(Events(a, "holder_kept").size() == 1);
+  CHECK(std::get<std::string>(*Field(*Events(a, "holder_kept")[0], "slot")) == "b:0");
+  // Another re-plan before the hand-over keeps it too (no second event).
+  job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 1}, {"c", 2}}, {});
+  a = job.Take();
+  proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(Members(*proposals[0]) == std::vector<std::string>{"b:0", "a:0", "c:0", "c:1"});
+  CHECK(Events(a, "holder_kept").empty());
+  job.Form(3, {"b:0", "a:0", "c:0", "c:1"}, {5, 0, 0, 0});
+  // The sync hands the state over; b:0's own commit changes nothing, a listed member's ends it.
+  job.Commit("b:0", 3, 6);
+  CHECK(Of(job.Take(), Action::kProposeRound).empty());
+  job.Commit("a:0", 3, 6);
+  a = job.Take();
+  proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(Members(*proposals[0]) == std::vector<std::string>{"a:0", "c:0", "c:1"});
+  CHECK(proposals[0]->removed == std::vector<std::string>{"b:0"});
+}
+
+TEST_CASE("policy: a removed host's worker is not kept when a listed one holds the state",
+          "[unit]") {
+  DriverOptions d;
+  d.discovery_script = "discover.sh";
+  d.np = d.min_np = 1;
+  d.max_np = 4;
+  d.elastic = true;
+  Job job(d);
+  job.StartFormed({{"a", 1}, {"b", 1}}, {"a:0", "b:0"});
+  job.Commit("a:0", 0, 5);
+  job.Commit("b:0", 0, 5);
+  job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 1}}, {});
+  auto a = job.Take();
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(Members(*proposals[0]) == std::vector<std::string>{"a:0"});
+  CHECK(proposals[0]->removed == std::vector<std::string>{"b:0"});
+  CHECK(Events(a, "holder_kept").empty());
+}
+
 TEST_CASE("policy: SIGTERM stops every worker, a second signal or the grace period kills",
           "[unit]") {
   DriverOptions d = Static({{"a", 2}}, 2, 2);

@@ -91,6 +91,7 @@ EVENT_SCHEMA = {
     "worker_exited": {"slot": STR, "rank": (int, NULL), "round": INT, "code": INT,
                       "status": STR},
     "recovery_phase": {"phase": STR},
+    "holder_kept": {"slot": STR, "version": INT},
     "state_lost": {"round": INT, "newest_committed": INT, "members": LIST, "start_over": BOOL},
     "job_ending": {"code": INT, "message": STR}, "job_ended": {"code": INT, "message": STR},
     "worker_hung": {"slot": STR, "rank": (int, NULL), "host": STR, "pid": INT, "step": INT,

@@ -275,3 +275,29 @@ def test_a_warm_spare_takes_the_place_of_a_lost_worker(elastic_run, example, wan
     assert "spare in slot localhost:3: initialised, waiting for a place" in job.text()
     check_event_schema(log)
     assert job.wait(timeout=1) == 0
+
+
+def test_a_removed_host_that_alone_holds_the_state_hands_it_over_first(
+        elastic_run, example, tmp_path):
+    """Found by the soak (seed 609133795): discovery swapped the only host that held the state
+    for a new one. Its worker was removed at once, the new round held nothing and the job
+    ended with "state lost". It must stay one round, sync the newcomers, and then go."""
+    from test_elastic import Discovery
+    log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
+    disc = Discovery(tmp_path, "localhost:2")
+    args = ["--epochs", "20", "--step-ms", "5", "--commit-every", "4"]
+    want = fault_free_hash(elastic_run, example, args)
+    job = Job([elastic_run, "--min-np", "1", "--host-discovery-script", str(disc.script),
+               "--event-log", log, example] + args + ["--ledger", book])
+    try:
+        job.wait_for(r"epoch 0 done")
+        disc.set("127.0.0.1:2")  # every holder's host goes, in the same change new ones come
+        check_promise(job, book, want, epochs=20)
+    finally:
+        job.kill()
+    kept = [e for e in events(log) if e["event"] == "holder_kept"]
+    assert kept and kept[0]["slot"].startswith("localhost:"), events(log)[-10:]
+    assert not [e for e in events(log) if e["event"] == "state_lost"]
+    last = formed(log)[-1]
+    assert all(m.startswith("127.0.0.1:") for m in last["members"]), last
+    check_event_schema(log)
