@@ -322,6 +322,9 @@ void Driver::Perform() {
         case Action::kWithdrawRound:
           core_->WithdrawRound(a.round);
           break;
+        case Action::kRestartWait:
+          core_->RestartWait(a.slots);
+          break;
         case Action::kPublish:
           core_->events().Publish(a.slot, a.event);
           break;

@@ -614,8 +614,51 @@ void Policy::OnStateLost(const rendezvous::FormedRound& f) {
                    "train again from the start");
 }
 
-void Policy::OnJoinTimeout(int64_t round, const std::vector<std::string>& missing) {
+void Policy::OnJoinTimeout(int64_t round, const std::vector<std::string>& missing_in) {
   if (round != round_ || shutting_down_) return;
+  // Members of the formed round that never came from it: fenced, they had to reach a commit
+  // first, and none came. Killing them could take the only copy of the state with them, so
+  // their round is aborted first (they roll back to their last commit and join), with their
+  // stacks dumped to show where they were; they are dropped only if they miss the next wait.
+  std::vector<std::string> stuck, missing;
+  for (const auto& slot : missing_in) {
+    auto it = workers_.find(slot);
+    bool in_formed = formed_ >= 0 && formed_ < round && aborted_ < formed_ &&
+                     std::find(formed_members_.begin(), formed_members_.end(), slot) !=
+                         formed_members_.end() &&
+                     it != workers_.end() && it->second.running && !it->second.dropped;
+    (in_formed ? stuck : missing).push_back(slot);
+  }
+  if (!stuck.empty()) {
+    std::string why = fmt::format(
+        "slot(s) [{}] did not leave round {} for round {} within {:.0f} s (no commit since the "
+        "fence)",
+        fmt::join(stuck, " "), formed_, round, Secs(d_.rendezvous_timeout));
+    Log(Action::kWarn, why + "; dumping their stacks and aborting round " +
+                           std::to_string(formed_) +
+                           ": they roll back to their last commit and get another wait");
+    Event("round_hung", {{"round", formed_}, {"seconds", Secs(Now() - formed_at_)}});
+    for (const auto& slot : stuck) {
+      Action dump;
+      dump.kind = Action::kDumpStacks;
+      dump.slot = slot;
+      dump.signal = workers_.at(slot).stack_signal;
+      Emit(std::move(dump));
+    }
+    aborted_ = formed_;
+    for (const auto& slot : formed_members_) {
+      Action a;
+      a.kind = Action::kPublish;
+      a.slot = slot;
+      a.event = rendezvous::Event{EventKind::kAbort, formed_, why};
+      Emit(std::move(a));
+    }
+    Action again;
+    again.kind = Action::kRestartWait;
+    again.slots = stuck;
+    Emit(std::move(again));
+  }
+  if (missing.empty()) return;
   Log(Action::kWarn,
       fmt::format("round {}: slot(s) [{}] did not join within {:.0f} s; dropping them", round,
                   fmt::join(missing, " "), Secs(d_.rendezvous_timeout)));

@@ -27,6 +27,7 @@ struct Action {
   enum Kind {
     kProposeRound,   // round, assignments, removed
     kWithdrawRound,  // round: the pending proposal goes; its Joins keep waiting
+    kRestartWait,    // slots: the rendezvous wait for them starts again
     kPublish,        // slot, event (fence, abort)
     kLaunch,         // slot (spare: as a warm spare): start its worker; the result comes back
                      // as OnLaunched/OnLaunchFailed
@@ -42,6 +43,7 @@ struct Action {
   int64_t round = -1;
   std::map<std::string, rendezvous::Assignment> assignments;
   std::vector<std::string> removed;
+  std::vector<std::string> slots;
   std::string slot;
   rendezvous::Event event;
   int signal = 0;

@@ -283,6 +283,19 @@ void Core::SetWorkerId(const std::string& slot, const std::string& id) {
   }
 }
 
+void Core::RestartWait(const std::vector<std::string>& slots) {
+  std::lock_guard<std::mutex> g(mu_);
+  TimePoint now = options_.clock->Now();
+  for (const auto& slot : slots) {
+    auto since = expected_since_.find(slot);
+    if (since != expected_since_.end()) since->second = now;
+  }
+  if (proposed_.round < 0) return;
+  proposed_.timeout_reported = false;
+  proposed_.deadline = ProposalDeadline(now);
+  Wake();
+}
+
 TimePoint Core::ProposalDeadline(TimePoint now) const {
   // The earliest member wait still to end; when every member's has, a look each second (a
   // member that waits now may still go away).

@@ -95,6 +95,9 @@ class Core {
   // it will not form and its rendezvous timeout does not fire; its members' Joins go on
   // waiting for a later round.
   void WithdrawRound(int64_t round);
+  // The pending proposal's wait for these slots starts again now, and they can be reported
+  // missing again (the driver aborted the old round they are still in).
+  void RestartWait(const std::vector<std::string>& slots);
   // The driver launched the slot's process with this id (ELASTIC_WORKER_ID).
   void SetWorkerId(const std::string& slot, const std::string& id);
   int64_t formed_round() const;

@@ -348,6 +348,43 @@ TEST_CASE("policy: slots that miss the rendezvous are killed, counted once, and 
   CHECK(Of(job.Take(), Action::kSignal).empty());
 }
 
+TEST_CASE("policy: members still in the old round at the rendezvous timeout are aborted "
+          "before they are killed",
+          "[unit]") {
+  // Found by the soak (seed 298247134): round 11 made no commit after the fence, its members
+  // missed round 12's wait and were killed, the only holder of the state among them.
+  DriverOptions d;
+  d.discovery_script = "discover.sh";
+  d.np = d.min_np = 1;
+  d.max_np = 4;
+  d.elastic = true;
+  Job job(d);
+  job.StartFormed({{"a", 3}}, {"a:0", "a:1", "a:2"});
+  job.Commit("a:0", 0, 5);
+  job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 2}}, {});  // round 1: a:2 removed
+  job.Take();
+  job.policy->OnJoinTimeout(1, {"a:0", "a:1"});
+  auto a = job.Take();
+  CHECK(Of(a, Action::kSignal).empty());
+  CHECK(Of(a, Action::kProposeRound).empty());
+  CHECK(Slots(a, Action::kDumpStacks) == std::vector<std::string>{"a:0", "a:1"});
+  std::vector<std::string> aborted;
+  for (const Action* p : Of(a, Action::kPublish)) {
+    if (p->event.kind == EventKind::kAbort && p->event.round == 0) aborted.push_back(p->slot);
+  }
+  std::sort(aborted.begin(), aborted.end());
+  CHECK(aborted == std::vector<std::string>{"a:0", "a:1", "a:2"});
+  auto again = Of(a, Action::kRestartWait);
+  REQUIRE(again.size() == 1);
+  CHECK(again[0]->slots == std::vector<std::string>{"a:0", "a:1"});
+  CHECK(Events(a, "round_hung").size() == 1);
+  // Missing again after the abort: now they are dropped.
+  job.policy->OnJoinTimeout(1, {"a:1"});
+  a = job.Take();
+  CHECK(Slots(a, Action::kSignal, SIGKILL) == std::vector<std::string>{"a:1"});
+  CHECK(Of(a, Action::kRestartWait).empty());
+}
+
 TEST_CASE("policy: --max-failures and --reset-limit end the job", "[unit]") {
   DriverOptions d = Static({{"a", 4}}, 4, 1);
   d.host_failure_limit = 0;

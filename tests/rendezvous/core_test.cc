@@ -244,6 +244,44 @@ TEST_CASE("a member's wait counts across proposals that replace each other", "[u
   core.Shutdown();
 }
 
+TEST_CASE("RestartWait gives slots a new wait and lets them be reported again", "[unit]") {
+  FakeClock clock;
+  RecordingListener listener;
+  CoreOptions opts;
+  opts.clock = &clock;
+  opts.listener = &listener;
+  opts.rendezvous_timeout = seconds(10);
+  Core core(opts);
+  REQUIRE(core.ProposeRound(0, Members({"a:0", "b:0"}), {}).ok());
+  clock.Advance(seconds(11));
+  REQUIRE(listener.WaitTimeout());
+  {
+    std::lock_guard<std::mutex> g(listener.mu);
+    CHECK(listener.missing == std::vector<std::string>{"a:0", "b:0"});
+    listener.timeout_round = -1;
+  }
+  core.RestartWait({"a:0", "b:0"});
+  clock.Advance(seconds(9));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  {
+    std::lock_guard<std::mutex> g(listener.mu);
+    CHECK(listener.timeout_round == -1);
+  }
+  auto join = std::async(std::launch::async,
+                         [&] { return core.Join("a:0", -1, 0, clock.Now() + seconds(100)); });
+  REQUIRE(WaitPending(core, 1));
+  clock.Advance(seconds(2));
+  REQUIRE(listener.WaitTimeout());
+  {
+    std::lock_guard<std::mutex> g(listener.mu);
+    CHECK(listener.timeout_round == 0);
+    CHECK(listener.missing == std::vector<std::string>{"b:0"});
+  }
+  REQUIRE(core.ProposeRound(1, Members({"a:0"}), {}).ok());
+  REQUIRE(join.get().ok());
+  core.Shutdown();
+}
+
 TEST_CASE("a slot that no round ever included is refused at once", "[unit]") {
   Core core(CoreOptions{});
   REQUIRE(core.ProposeRound(0, Members({"a:0"}), {}).ok());
