@@ -16,6 +16,9 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -38,7 +41,23 @@ long PeakRssKiB() {
 
 std::string Slot(int i) { return "host" + std::to_string(i / 8) + ":" + std::to_string(i % 8); }
 
-// Child: serve one round of n members; write the port, wait for EOF on `in`, write peak RSS.
+double CpuSeconds(int who) {
+  struct rusage u {};
+  getrusage(who, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+std::map<std::string, Assignment> Members(int n) {
+  std::map<std::string, Assignment> members;
+  for (int i = 0; i < n; ++i) {
+    members[Slot(i)].rank = i;
+    members[Slot(i)].size = n;
+  }
+  return members;
+}
+
+// Child: serves rounds of n members. Writes the port; then for each byte read: 'c' writes its
+// CPU seconds so far, 'p' proposes the next round (and writes 1). At EOF writes its peak RSS.
 [[noreturn]] void Serve(int n, int out_fd, int in_fd) {
   Core core(CoreOptions{});
   ServerOptions so;
@@ -49,16 +68,19 @@ std::string Slot(int i) { return "host" + std::to_string(i / 8) + ":" + std::to_
     std::fprintf(stderr, "server: %s\n", server.status().ToString().c_str());
     _exit(1);
   }
-  std::map<std::string, Assignment> members;
-  for (int i = 0; i < n; ++i) {
-    members[Slot(i)].rank = i;
-    members[Slot(i)].size = n;
-  }
-  if (!core.ProposeRound(0, members, {}).ok()) _exit(1);
+  int64_t round = 0;
+  if (!core.ProposeRound(round, Members(n), {}).ok()) _exit(1);
   int port = (*server)->port();
   if (write(out_fd, &port, sizeof port) != sizeof port) _exit(1);
   char c;
   while (read(in_fd, &c, 1) > 0) {
+    if (c == 'c') {
+      double cpu = CpuSeconds(RUSAGE_SELF);
+      if (write(out_fd, &cpu, sizeof cpu) != sizeof cpu) _exit(1);
+    } else if (c == 'p') {
+      int ok = core.ProposeRound(++round, Members(n), {}).ok() ? 1 : 0;
+      if (write(out_fd, &ok, sizeof ok) != sizeof ok) _exit(1);
+    }
   }
   long rss = PeakRssKiB();
   if (write(out_fd, &rss, sizeof rss) != sizeof rss) _exit(1);
@@ -66,15 +88,20 @@ std::string Slot(int i) { return "host" + std::to_string(i / 8) + ":" + std::to_
   _exit(0);
 }
 
-struct Result {
+struct Phase {
   double seconds = 0;
-  long server_peak_kib = 0;
   double server_cpu = 0;
   double client_cpu = 0;  // this process: the N client threads and their gRPC channels
   int failures = 0;
 };
 
+struct Result {
+  Phase first, next;  // round 0 (connect, Join, exchange); round 1 (Join, exchange)
+  long server_peak_kib = 0;
+};
+
 bool g_full_mesh = false;
+bool g_separate = false;
 
 Result RunOnce(int n) {
   int to_parent[2], to_child[2];
@@ -97,9 +124,23 @@ Result RunOnce(int n) {
   int port = 0;
   if (read(to_parent[0], &port, sizeof port) != sizeof port) std::abort();
   std::string address = "127.0.0.1:" + std::to_string(port);
+  auto ask = [&](char c, void* out, size_t size) {
+    if (write(to_child[1], &c, 1) != 1) std::abort();
+    if (read(to_parent[0], out, size) != static_cast<ssize_t>(size)) std::abort();
+  };
+  auto server_cpu = [&] {
+    double v = 0;
+    ask('c', &v, sizeof v);
+    return v;
+  };
 
-  std::atomic<int> ready{0}, failures{0};
-  std::atomic<bool> go{false};
+  // Each thread: a worker with its own channel. Phase 0 connects, joins round 0 and exchanges
+  // addresses; phase 1 (on the same channel, as after a membership change) joins round 1 and
+  // exchanges again.
+  std::atomic<int> ready{0}, done{0}, failures[2] = {{0}, {0}};
+  std::atomic<int> go{-1};
+  std::mutex go_mu;
+  std::condition_variable go_cv;  // threads sleep between phases, not spin
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
@@ -107,10 +148,6 @@ Result RunOnce(int n) {
       o.address = address;
       o.token = "bench-token";
       Client client(o);
-      ready.fetch_add(1);
-      while (!go.load()) std::this_thread::yield();
-      auto a = client.Join(Slot(i), -1, 0, std::chrono::seconds(60));
-      bool ok = a.ok() && a->assignment.rank == i;
       std::vector<std::string> keys;
       if (g_full_mesh) {
         for (int k = 0; k < n; ++k) keys.push_back(std::to_string(k));
@@ -118,38 +155,58 @@ Result RunOnce(int n) {
         for (int k : elastic::worker_agent::GlooPeers(i, n)) keys.push_back(std::to_string(k));
       }
       // A pair address is ~140 bytes (Gloo's tcp::Address); one per key asked for.
-      ok = ok && client.Set(0, std::to_string(i), std::string(140 * keys.size(), 'a' + i % 26)).ok();
-      auto v = ok ? client.Get(0, keys, std::chrono::seconds(60))
-                  : StatusOr<std::vector<std::string>>(Internal("skipped"));
-      ok = ok && v.ok() && v->size() == keys.size();
-      if (!ok) failures.fetch_add(1);
+      std::string mine(140 * keys.size(), static_cast<char>('a' + i % 26));
+      ready.fetch_add(1);
+      for (int phase = 0; phase < 2; ++phase) {
+        {
+          std::unique_lock<std::mutex> l(go_mu);
+          go_cv.wait(l, [&] { return go.load() >= phase; });
+        }
+        auto a = client.Join(Slot(i), phase - 1, 0, std::chrono::seconds(60));
+        bool ok = a.ok() && a->assignment.rank == i && a->assignment.round == phase;
+        StatusOr<std::vector<std::string>> v = Internal("skipped");
+        if (ok && g_separate) {  // the pattern before the two were one call
+          ok = client.Set(phase, std::to_string(i), mine).ok();
+          if (ok) v = client.Get(phase, keys, std::chrono::seconds(60));
+        } else if (ok) {
+          v = client.SetAndGet(phase, std::to_string(i), mine, keys, std::chrono::seconds(60));
+        }
+        ok = ok && v.ok() && v->size() == keys.size();
+        if (!ok) failures[phase].fetch_add(1);
+        done.fetch_add(1);
+      }
     });
   }
   while (ready.load() < n) std::this_thread::yield();
-  auto cpu = [] {
-    struct rusage u {};
-    getrusage(RUSAGE_SELF, &u);
-    return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
-  };
-  const double cpu0 = cpu();
-  auto start = std::chrono::steady_clock::now();
-  go.store(true);
-  for (auto& t : threads) t.join();
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  close(to_child[1]);
   Result r;
-  r.seconds = secs;
-  r.client_cpu = cpu() - cpu0;
-  r.failures = failures.load();
+  for (int phase = 0; phase < 2; ++phase) {
+    Phase& p = phase == 0 ? r.first : r.next;
+    if (phase == 1) {
+      int ok = 0;
+      ask('p', &ok, sizeof ok);
+      if (!ok) std::abort();
+    }
+    const double server0 = server_cpu(), client0 = CpuSeconds(RUSAGE_SELF);
+    auto start = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> g(go_mu);
+      go.store(phase);
+    }
+    go_cv.notify_all();
+    while (done.load() < n * (phase + 1)) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    p.client_cpu = CpuSeconds(RUSAGE_SELF) - client0;
+    p.server_cpu = server_cpu() - server0;
+    p.failures = failures[phase].load();
+  }
+  for (auto& t : threads) t.join();
+  close(to_child[1]);
   if (read(to_parent[0], &r.server_peak_kib, sizeof r.server_peak_kib) != sizeof(long)) {
     r.server_peak_kib = -1;
   }
   close(to_parent[0]);
-  struct rusage ru {};
   int status = 0;
-  wait4(pid, &status, 0, &ru);
-  r.server_cpu =
-      ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+  waitpid(pid, &status, 0);
   return r;
 }
 
@@ -161,20 +218,27 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--full-mesh") {
       g_full_mesh = true;
+    } else if (std::string(argv[i]) == "--separate") {
+      g_separate = true;
     } else {
       sizes.push_back(std::atoi(argv[i]));
     }
   }
   if (sizes.empty()) sizes = {16, 64, 256, 1024};
-  std::printf("rendezvous_bench: Join + Set + Get(%s) per worker, one channel each\n",
+  std::printf("rendezvous_bench: Join + %s(%s) per worker, one channel each; round 0 (the "
+              "channels connect) and round 1 (the same channels, as after a membership change)\n",
+              g_separate ? "Set + Get" : "SetAndGet",
               g_full_mesh ? "all N keys" : "its Gloo peers' keys");
-  std::printf("%8s %14s %18s %12s %16s %12s %10s\n", "workers", "round+exchange",
-              "server peak RSS", "server CPU", "CPU per worker", "client CPU", "failures");
+  std::printf("%8s %6s %12s %14s %16s %12s %10s %16s\n", "workers", "round", "wall",
+              "server CPU", "CPU per worker", "client CPU", "failures", "server peak RSS");
   for (int n : sizes) {
     Result r = RunOnce(n);
-    std::printf("%8d %12.3f s %14.1f MiB %10.2f s %13.2f ms %10.2f s %10d\n", n, r.seconds,
-                r.server_peak_kib / 1024.0, r.server_cpu, r.server_cpu * 1000 / n, r.client_cpu,
-                r.failures);
+    for (int phase = 0; phase < 2; ++phase) {
+      const Phase& p = phase == 0 ? r.first : r.next;
+      std::printf("%8d %6d %10.3f s %12.2f s %13.2f ms %10.2f s %10d %12.1f MiB\n", n, phase,
+                  p.seconds, p.server_cpu, p.server_cpu * 1000 / n, p.client_cpu, p.failures,
+                  r.server_peak_kib / 1024.0);
+    }
     std::fflush(stdout);
   }
   return 0;

@@ -19,7 +19,8 @@ void SetTestHookRound(int64_t round);
 // Fires a matching hook, if any: may SIGKILL the process or throw WorkerLostError.
 // Points: "before_save" (State::Commit, version = the one being made), "after_save" (version
 // made, before the commit's agreement), "sync_root" (rank 0 of a sync, after it announced the
-// state's size), "connect" (communicator build, after this rank published its address),
+// state's size), "connect" (communicator build, after this rank published its address and
+// fetched its peers', before it connects its pairs),
 // "shm_reduce" (hierarchical allreduce, after the chunk's copy-in barrier; version = the
 // chunk's number on this communicator, counted from 0).
 void TestHook(const char* point, int64_t version);

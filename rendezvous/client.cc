@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -42,6 +43,8 @@ Client::Client(ClientOptions options) : options_(std::move(options)) {
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   // Each client its own connection, so simulated workers in one process are like real ones.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // Messages are small: no bandwidth-delay probing (a PING with every burst of data).
+  if (!std::getenv("ELASTIC_GRPC_BDP_PROBE")) args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   channel_ = grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
   stub_ = std::make_unique<Stub>();
   stub_->stub = v1::Rendezvous::NewStub(channel_);
@@ -110,8 +113,19 @@ Status Client::Set(int64_t round, const std::string& key, const std::string& val
 
 StatusOr<std::vector<std::string>> Client::Get(int64_t round, const std::vector<std::string>& keys,
                                                Duration timeout) {
+  return SetAndGet(round, "", "", keys, timeout);
+}
+
+StatusOr<std::vector<std::string>> Client::SetAndGet(int64_t round, const std::string& key,
+                                                     const std::string& value,
+                                                     const std::vector<std::string>& keys,
+                                                     Duration timeout) {
   v1::GetRequest req;
   req.set_round(round);
+  if (!key.empty()) {
+    req.set_put_key(key);
+    req.set_put_value(value);
+  }
   for (const auto& k : keys) req.add_keys(k);
   req.set_timeout_ms(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count());
   v1::GetResponse resp;

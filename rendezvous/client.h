@@ -46,6 +46,11 @@ class Client {
   // ABORTED at once when CancelGets() covered `round`.
   StatusOr<std::vector<std::string>> Get(int64_t round, const std::vector<std::string>& keys,
                                          Duration timeout);
+  // Set(round, key, value), then Get(round, keys, timeout), in one call.
+  StatusOr<std::vector<std::string>> SetAndGet(int64_t round, const std::string& key,
+                                               const std::string& value,
+                                               const std::vector<std::string>& keys,
+                                               Duration timeout);
   Status SendReport(const Report& report);
   // The driver's status document (JSON), for `elastic-run status`.
   StatusOr<std::string> JobStatus(Duration timeout);

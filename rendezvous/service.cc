@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <deque>
 #include <set>
 
@@ -255,6 +256,10 @@ grpc::ServerUnaryReactor* RendezvousService::Get(grpc::CallbackServerContext* ct
                                                  const v1::GetRequest* req, v1::GetResponse* resp) {
   grpc::Status auth = Authenticate(ctx);
   if (!auth.ok()) return FinishNow(ctx, auth);
+  if (!req->put_key().empty()) {
+    grpc::Status put = ToGrpc(core_->Set(req->round(), req->put_key(), req->put_value()));
+    if (!put.ok()) return FinishNow(ctx, put);
+  }
   auto* reactor = new WaitingReactor(core_, ctx);
   std::vector<std::string> keys(req->keys().begin(), req->keys().end());
   WaiterId id = core_->GetAsync(req->round(), std::move(keys), DeadlineOf(ctx, req->timeout_ms()),
@@ -333,6 +338,8 @@ StatusOr<std::unique_ptr<Server>> Server::Start(Core* core, ServerOptions option
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // Messages are small: no bandwidth-delay probing (a PING with every burst of data).
+  if (!std::getenv("ELASTIC_GRPC_BDP_PROBE")) builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
     return Unavailable("cannot listen on " + address + " (address in use or not local?)");

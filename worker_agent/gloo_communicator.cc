@@ -388,10 +388,16 @@ Status GlooCommunicator::ConnectPairs(RoundStore* store) {
     if (aborted_.load()) return Aborted("the communicator was aborted before it connected");
     pairs_ = pairs;  // from here on Abort() fails every pair's wait
   }
-  RETURN_IF_ERROR(store->Set(std::to_string(topo_.rank), EncodeAddresses(mine)));
+  // This rank's addresses go out and its peers' come back in one call.
+  std::vector<std::string> peers;
+  if (keys.empty()) {
+    RETURN_IF_ERROR(store->Set(std::to_string(topo_.rank), EncodeAddresses(mine)));
+  } else {
+    ASSIGN_OR_RETURN(peers, store->SetAndGet(std::to_string(topo_.rank), EncodeAddresses(mine),
+                                             keys, options_.connect_timeout));
+  }
   TestHook("connect", 0);
   if (!keys.empty()) {
-    ASSIGN_OR_RETURN(std::vector<std::string> peers, store->Get(keys, options_.connect_timeout));
     size_t k = 0;
     for (int i : peers_to) {
       ASSIGN_OR_RETURN(std::vector<char> addr, AddressFor(peers[k++], topo_.rank, i));
@@ -422,6 +428,13 @@ class PrefixStore : public RoundStore {
     std::vector<std::string> k;
     for (const auto& key : keys) k.push_back(prefix_ + key);
     return inner_->Get(k, timeout);
+  }
+  StatusOr<std::vector<std::string>> SetAndGet(const std::string& key, const std::string& value,
+                                               const std::vector<std::string>& keys,
+                                               Duration timeout) override {
+    std::vector<std::string> k;
+    for (const auto& one : keys) k.push_back(prefix_ + one);
+    return inner_->SetAndGet(prefix_ + key, value, k, timeout);
   }
 
  private:

@@ -15,6 +15,11 @@ class RpcRoundStore : public RoundStore {
                                          Duration timeout) override {
     return client_->Get(round_, keys, timeout);
   }
+  StatusOr<std::vector<std::string>> SetAndGet(const std::string& key, const std::string& value,
+                                               const std::vector<std::string>& keys,
+                                               Duration timeout) override {
+    return client_->SetAndGet(round_, key, value, keys, timeout);
+  }
 
  private:
   rendezvous::Client* client_;

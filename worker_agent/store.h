@@ -19,6 +19,14 @@ class RoundStore {
   // Waits up to `timeout` for all keys; values in key order.
   virtual StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
                                                  Duration timeout) = 0;
+  // Set(key, value), then Get(keys, timeout); over the network, one call.
+  virtual StatusOr<std::vector<std::string>> SetAndGet(const std::string& key,
+                                                       const std::string& value,
+                                                       const std::vector<std::string>& keys,
+                                                       Duration timeout) {
+    RETURN_IF_ERROR(Set(key, value));
+    return Get(keys, timeout);
+  }
 };
 
 // Over the rendezvous gRPC client (a real worker).

@@ -87,8 +87,8 @@ TEST_CASE("grpc: join, set and get over the wire", "[integration]") {
     Client c = f.MakeClient();
     auto r = c.Join("a:1", -1, 0, seconds(10));
     REQUIRE(r.ok());
-    REQUIRE(c.Set(0, "1", "addr1").ok());
-    return c.Get(0, {"0", "1"}, seconds(10));
+    // Its own key set and the others' fetched in one call (waits for "0").
+    return c.SetAndGet(0, "1", "addr1", {"0", "1"}, seconds(10));
   });
   Client c = f.MakeClient();
   auto r = c.Join("a:0", -1, 0, seconds(10));
@@ -130,6 +130,10 @@ TEST_CASE("grpc: oversized input is refused with INVALID_ARGUMENT", "[integratio
   Client c = f.MakeClient();
   CHECK(c.Set(0, std::string(600, 'k'), "v").code() == Code::kInvalidArgument);
   CHECK(c.Set(0, "k", std::string((16u << 20) + 10, 'v')).code() == Code::kInvalidArgument);
+  // A refused put fails the SetAndGet at once: it does not wait for the keys.
+  CHECK(c.SetAndGet(0, std::string(600, 'k'), "v", {"never"}, seconds(30)).status().code() ==
+        Code::kInvalidArgument);
+  CHECK(f.core->pending_waiters() == 0);
   std::vector<std::string> keys((64u << 10) + 1, "k");
   CHECK(c.Get(0, keys, seconds(1)).status().code() == Code::kInvalidArgument);
   CHECK(c.Join(std::string(300, 's'), -1, 0, seconds(1)).status().code() == Code::kInvalidArgument);
