@@ -136,6 +136,9 @@ std::string Monitor::StatusJson() const {
     black.push_back({{"host", host}, {"seconds_left", left >= 0 ? json(left) : json(nullptr)}});
   }
   j["blacklisted"] = black;
+  json spares = json::array();
+  for (const auto& [slot, pid] : view_.spares) spares.push_back({{"slot", slot}, {"pid", pid}});
+  j["spares"] = spares;
   json recs = json::array();
   for (const auto& r : recoveries_) {
     recs.push_back({{"started", r.started},
@@ -160,6 +163,8 @@ std::string Monitor::Prometheus() const {
   gauge("elastic_round", "The current (formed) round.", static_cast<double>(view_.formed_round));
   gauge("elastic_blacklisted_hosts", "Hosts blacklisted now.",
         static_cast<double>(view_.blacklisted.size()));
+  gauge("elastic_warm_spares", "Warm spares (--spares) started and waiting for a place.",
+        static_cast<double>(view_.spares.size()));
   int64_t step = -1, samples = -1;
   double rate = 0;
   for (const auto& m : view_.members) {
@@ -334,6 +339,13 @@ int RunStatusCommand(const std::string& job_file, bool as_json) {
                 m["slot"].get<std::string>().c_str(), m["host"].get<std::string>().c_str(),
                 Int(m["pid"]).c_str(), Int(m["step"]).c_str(), Int(m["epoch"]).c_str(),
                 Int(m["cursor"]).c_str(), since.c_str(), Fixed(m["steps_per_second"], 1).c_str());
+  }
+  if (s.contains("spares") && !s["spares"].empty()) {
+    std::printf("\nwarm spares (waiting for a place):\n");
+    for (const auto& sp : s["spares"]) {
+      std::printf("  %-24s pid %s\n", sp["slot"].get<std::string>().c_str(),
+                  Int(sp["pid"]).c_str());
+    }
   }
   if (!s["blacklisted"].empty()) {
     std::printf("\nblacklisted hosts:\n");

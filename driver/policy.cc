@@ -980,6 +980,9 @@ JobView Policy::View() const {
   for (const auto& [host, until] : hosts_.Blacklist()) {
     v.blacklisted.emplace_back(host, until == TimePoint::max() ? -1.0 : Secs(until - now));
   }
+  for (const auto& [slot, w] : workers_) {
+    if (w.running && w.spare && !w.dropped && !w.removed) v.spares.emplace_back(slot, w.pid);
+  }
   return v;
 }
 

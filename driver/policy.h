@@ -76,6 +76,7 @@ struct JobView {
   int min_np = 0, max_np = 0;           // max 0: no cap
   std::vector<MemberView> members;      // of the formed round, in rank order
   std::vector<std::pair<std::string, double>> blacklisted;  // host, seconds left (-1: for good)
+  std::vector<std::pair<std::string, int64_t>> spares;      // warm spares: slot, pid (--spares)
   int resets = 0, failures = 0;
   double since_recovery = -1;  // seconds since the last recovery began; -1: none
 };

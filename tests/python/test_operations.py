@@ -97,6 +97,27 @@ def test_status_metrics_and_progress_of_a_running_job_that_recovers(elastic_run,
     assert not os.path.exists(job_file)  # removed when the driver ends
 
 
+def test_status_and_metrics_list_the_warm_spares(elastic_run, example, tmp_path):
+    log, job_file = str(tmp_path / "events.jsonl"), str(tmp_path / "job.json")
+    job = Job([elastic_run, "-np", "2", "--min-np", "1", "--spares", "1", "--metrics-port", "0",
+               "--job-file", job_file, "--event-log", log, example, "--epochs", "40",
+               "--step-ms", "20"])
+    try:
+        job.wait_for(r"spare in slot localhost:2: initialised")
+        url = re.search(r"metrics on (http://\S+)", job.text()).group(1)
+        doc = json.loads(status(elastic_run, job_file, "--json").stdout)
+        assert doc["spares"] == [{"slot": "localhost:2", "pid": worker_pid(log, "localhost:2")}]
+        assert [m["slot"] for m in doc["members"]] == ["localhost:0", "localhost:1"], doc
+        p = status(elastic_run, job_file)
+        assert "warm spares (waiting for a place):" in p.stdout and "localhost:2" in p.stdout, \
+            p.stdout
+        assert scrape(url)["elastic_warm_spares"] == 1
+        os.kill(job.proc.pid, signal.SIGTERM)
+        assert job.wait(timeout=60) == 128 + signal.SIGTERM, job.text()
+    finally:
+        job.kill()
+
+
 def test_status_without_a_job_says_so(elastic_run, tmp_path):
     env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
     p = subprocess.run([elastic_run, "status"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -219,6 +219,13 @@ class Soak:
               f"{len([e for e in ev.all if e['event'] == 'round_formed'])} rounds, "
               f"exit {rc}, {'OK' if not problems else 'VIOLATIONS: ' + '; '.join(problems)}",
               flush=True)
+        # Not a violation, but worth a look: members stuck in a round, aborted out of it by
+        # the driver (their stacks are dumped into the output).
+        if not problems and "did not leave round" in job.text():
+            kept = pathlib.Path(tempfile.mkdtemp(prefix=f"elastic-soak-stuck-{seed}-"))
+            shutil.copytree(folder, kept, dirs_exist_ok=True)
+            print(f"soak: job {seed}: note: members were stuck in a round and aborted out of "
+                  f"it; output with their stacks kept in {kept}", flush=True)
         return not problems
 
     def near_end(self, job):
@@ -342,7 +349,8 @@ class Soak:
         j = 0
         while time.monotonic() < deadline:
             folder = pathlib.Path(tempfile.mkdtemp(prefix="elastic-soak-"))
-            ok = self.run_job(seed * 1000 + j, want, folder)
+            ok = self.run_job(seed * 1000 + (j if self.args.job is None else self.args.job),
+                              want, folder)
             j += 1
             if ok:
                 shutil.rmtree(folder, ignore_errors=True)
@@ -367,6 +375,9 @@ def parse():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--minutes", type=float, default=2.0, help="start jobs for this long")
     p.add_argument("--seed", type=int, default=None, help="replay this seed (printed first)")
+    p.add_argument("--job", type=int, default=None,
+                   help="run only this job of the seed (its number after the seed), again and "
+                        "again")
     p.add_argument("--epochs", type=int, default=30, help="epochs of each job")
     p.add_argument("--step-ms", type=int, default=5, help="extra time per training step")
     p.add_argument("--stall", type=float, default=20.0,
