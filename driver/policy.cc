@@ -94,9 +94,12 @@ PlanInput Policy::MakePlanInput(std::vector<discovery::HostSlots> available) con
   in.available = std::move(available);
   in.host_order = last_listed_order_;
   in.max_np = d_.max_np > 0 ? static_cast<size_t>(d_.max_np) : 0;
+  in.keep = StateKeepers();
   for (const auto& [slot, w] : workers_) {
     if (!w.running) continue;
-    if (w.spare && !w.dropped && !w.removed) {
+    if (in.keep.count(slot) && !w.dropped) {
+      in.alive.insert(slot);  // a removed worker that alone holds the state stays a member
+    } else if (w.spare && !w.dropped && !w.removed) {
       in.spares.insert(slot);
     } else if (!w.dropped && !w.removed && !w.leaving) {
       in.alive.insert(slot);
@@ -104,23 +107,22 @@ PlanInput Policy::MakePlanInput(std::vector<discovery::HostSlots> available) con
       in.busy.insert(slot);
     }
   }
-  in.keep = StateKeepers();
   in.reserve = d_.spares > 0 ? static_cast<size_t>(d_.spares) : 0;
   in.need = static_cast<size_t>(d_.np);  // spares use only slots beyond -np
   return in;
 }
 
 std::set<std::string> Policy::StateKeepers() const {
-  // Removing a host must not take the only copy of the state with it (its workers are still
-  // alive when discovery stops listing it): one holder stays for a round, hands the state over
-  // in that round's sync, and goes once a listed member has committed as new a version.
+  // Removing a host (or scaling a host down) must not take the only copy of the state with
+  // it: its workers are still alive when discovery stops listing them, and a worker told to go
+  // is alive until it reaches its next Join. One holder stays for a round, hands the state
+  // over in that round's sync, and goes once a listed member has committed as new a version.
   int64_t newest = 0, listed_newest = 0;
   std::vector<const Worker*> unlisted;
   for (const auto& [slot, w] : workers_) {
-    if (!w.running || w.dropped || w.leaving || w.spare) continue;
-    if (w.removed && !kept_.count(slot)) continue;
+    if (!w.running || w.dropped || w.leaving || w.spare || w.finished) continue;
     newest = std::max(newest, w.version);
-    if (SlotListed(last_listed_, slot)) {
+    if (SlotListed(last_listed_, slot) && !w.removed) {
       listed_newest = std::max(listed_newest, w.version);
     } else {
       unlisted.push_back(&w);
@@ -195,6 +197,15 @@ void Policy::Replan(const std::string& reason) {
   if (plan == members_ && round_ >= 0 && !round_broken_) {  // nothing to change
     TopUpSpares(plan);
     return;
+  }
+  for (const auto& slot : plan) {
+    auto it = workers_.find(slot);
+    if (it == workers_.end() || !it->second.removed) continue;
+    Worker& w = it->second;
+    // Told to go in an earlier proposal and kept now: if the removal reached it first, it
+    // exits 0 at its next Join; that exit is then a departure, not the end of training.
+    w.removed = false;
+    w.rescued = true;
   }
   round_broken_ = false;
   if (round_ >= 0) {
@@ -310,6 +321,7 @@ void Policy::Launch(Worker& w, int rank, bool spare) {
   w.round = spare ? -1 : round_;  // a spare is in no round until it takes a place
   w.rank = spare ? -1 : rank;
   w.step = -1;
+  w.rescued = false;
   w.version = 0;  // a new process holds nothing until it says so
   w.pid = 0;
   Action a;
@@ -390,6 +402,18 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
   if (w.removed || !IsMember(slot)) {
     Log(Action::kInfo,
         fmt::format("worker {} (slot {}) left after scale-down: {}", rank, slot, how));
+    return;
+  }
+  if (w.rescued && code == 0 && !w.finished) {
+    // Kept for the state it held, but the earlier removal reached it first.
+    w.rescued = false;
+    Log(Action::kWarn, fmt::format("worker {} (slot {}) was kept for the state it holds, but "
+                                   "had been told to leave already: {}",
+                                   rank, slot, how));
+    round_broken_ = true;
+    members_.erase(std::remove(members_.begin(), members_.end(), slot), members_.end());
+    AbortFormedRound(slot, "slot " + slot + " left");
+    Replan("slot " + slot + " left");
     return;
   }
   if (code == 0) {
@@ -565,6 +589,7 @@ void Policy::OnRoundFormed(const rendezvous::FormedRound& f) {
     Worker& w = workers_[f.members[i]];
     w.round = f.round;
     w.rank = static_cast<int>(i);
+    w.rescued = false;  // it joined: no removal can reach it now
   }
   std::vector<std::string> behind;
   for (size_t i = 0; i < f.members.size(); ++i) {

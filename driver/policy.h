@@ -131,6 +131,7 @@ class Policy {
     bool finished = false;  // reported FINISHED
     bool leaving = false;   // reported LEAVING: no longer a member, whatever its exit
     bool spare = false;     // a warm spare (--spares): started, waiting in Join for a place
+    bool rescued = false;   // removed, then kept as a member for the state it holds
     TimePoint lost_at = TimePoint::max();  // Watch broke; lost unless it exits by then
     int watches = 0;       // Watch streams open from the slot's process
     int stale_closes = 0;  // closes still to come from the streams of an earlier process

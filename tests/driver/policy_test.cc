@@ -489,6 +489,42 @@ TEST_CASE("policy: a removed host's worker that alone holds the state stays unti
   CHECK(proposals[0]->removed == std::vector<std::string>{"b:0"});
 }
 
+TEST_CASE("policy: a worker told to go is kept when the other holder dies before it left",
+          "[unit]") {
+  // Found by the soak (seed 298247134, job 8): a scale-down removed a:1 while a:0 also held
+  // the state; a:0 was then lost (SIGSTOP) before a:1 reached its Join, the next round
+  // planned without a:1, and a:1 left with the only copy.
+  DriverOptions d;
+  d.discovery_script = "discover.sh";
+  d.np = d.min_np = 1;
+  d.max_np = 4;
+  d.elastic = true;
+  Job job(d);
+  job.StartFormed({{"a", 2}}, {"a:0", "a:1"});
+  job.Commit("a:0", 0, 5);
+  job.Commit("a:1", 0, 5);
+  job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 1}, {"b", 1}}, {});
+  auto a = job.Take();
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(proposals[0]->removed == std::vector<std::string>{"a:1"});  // a:0 holds it too
+  job.policy->OnExit("a:0", 137, "killed by signal 9");
+  a = job.Take();
+  proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  auto members = Members(*proposals[0]);
+  CHECK(std::find(members.begin(), members.end(), "a:1") != members.end());
+  REQUIRE(Events(a, "holder_kept").size() == 1);
+  // The removal had reached it first: it leaves with exit 0, which does not end the job.
+  job.policy->OnExit("a:1", 0, "exit status 0");
+  a = job.Take();
+  CHECK_FALSE(job.policy->shutting_down());
+  proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  members = Members(*proposals[0]);
+  CHECK(std::find(members.begin(), members.end(), "a:1") == members.end());
+}
+
 TEST_CASE("policy: a removed host's worker is not kept when a listed one holds the state",
           "[unit]") {
   DriverOptions d;
