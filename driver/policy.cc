@@ -670,14 +670,7 @@ void Policy::OnJoinTimeout(int64_t round, const std::vector<std::string>& missin
       dump.signal = workers_.at(slot).stack_signal;
       Emit(std::move(dump));
     }
-    aborted_ = formed_;
-    for (const auto& slot : formed_members_) {
-      Action a;
-      a.kind = Action::kPublish;
-      a.slot = slot;
-      a.event = rendezvous::Event{EventKind::kAbort, formed_, why};
-      Emit(std::move(a));
-    }
+    AbortRound("", why);
     Action again;
     again.kind = Action::kRestartWait;
     again.slots = stuck;
@@ -712,9 +705,13 @@ void Policy::AbortFormedRound(const std::string& gone, const std::string& why) {
   if (std::find(formed_members_.begin(), formed_members_.end(), gone) == formed_members_.end()) {
     return;
   }
+  AbortRound(gone, why);
+}
+
+void Policy::AbortRound(const std::string& skip, const std::string& why) {
   aborted_ = formed_;
   for (const auto& slot : formed_members_) {
-    if (slot == gone) continue;
+    if (slot == skip) continue;
     Action a;
     a.kind = Action::kPublish;
     a.slot = slot;
@@ -922,14 +919,7 @@ void Policy::CheckHang() {
     // No member stands out (all wait in the same collective): the round is re-formed.
     Log(Action::kWarn, span + "; no member stands out; aborting the round and re-forming");
     Event("round_hung", {{"round", formed_}, {"seconds", Secs(now - progress)}});
-    aborted_ = formed_;
-    for (const auto& slot : formed_members_) {
-      Action a;
-      a.kind = Action::kPublish;
-      a.slot = slot;
-      a.event = rendezvous::Event{EventKind::kAbort, formed_, span};
-      Emit(std::move(a));
-    }
+    AbortRound("", span);
     formed_at_ = now;
     round_broken_ = true;
     Replan("round " + std::to_string(formed_) + " hung");

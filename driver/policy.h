@@ -172,7 +172,10 @@ class Policy {
   void SignalSlot(const std::string& slot, int signal);
   void CheckFinished();
   void HandleLeaving(Worker& w, const std::string& why);
+  // If `gone` is a member of the formed round: ABORT to the others (AbortRound).
   void AbortFormedRound(const std::string& gone, const std::string& why);
+  // ABORT to every member of the formed round but `skip` ("": none).
+  void AbortRound(const std::string& skip, const std::string& why);
   // Counts a failure of `w`'s host, once per incident: every failure of the host's workers in
   // one round is one incident.
   void RecordHostFailure(const Worker& w, const std::string& what);

@@ -23,6 +23,16 @@ DriverOptions Static(std::vector<HostSlots> hosts, int np, int min_np) {
   return d;
 }
 
+// An elastic job (--min-np 1) whose hosts come from a discovery script, up to max_np workers.
+DriverOptions Discovered(int max_np) {
+  DriverOptions d;
+  d.discovery_script = "discover.sh";
+  d.np = d.min_np = 1;
+  d.max_np = max_np;
+  d.elastic = true;
+  return d;
+}
+
 // A policy, its fake clock, and every action it took.
 struct Job {
   explicit Job(DriverOptions d, std::function<bool(const std::string&)> is_local = nullptr) {
@@ -353,12 +363,7 @@ TEST_CASE("policy: members still in the old round at the rendezvous timeout are 
           "[unit]") {
   // Found by the soak (seed 298247134): round 11 made no commit after the fence, its members
   // missed round 12's wait and were killed, the only holder of the state among them.
-  DriverOptions d;
-  d.discovery_script = "discover.sh";
-  d.np = d.min_np = 1;
-  d.max_np = 4;
-  d.elastic = true;
-  Job job(d);
+  Job job(Discovered(4));
   job.StartFormed({{"a", 3}}, {"a:0", "a:1", "a:2"});
   job.Commit("a:0", 0, 5);
   job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 2}}, {});  // round 1: a:2 removed
@@ -416,12 +421,7 @@ TEST_CASE("policy: --max-failures and --reset-limit end the job", "[unit]") {
 
 TEST_CASE("policy: discovery grows the job up to --max-np, a smaller host drops its slots",
           "[unit]") {
-  DriverOptions d;
-  d.discovery_script = "discover.sh";
-  d.np = d.min_np = 1;
-  d.max_np = 3;
-  d.elastic = true;
-  Job job(d);
+  Job job(Discovered(3));
   job.StartFormed({{"a", 2}}, {"a:0", "a:1"});
   job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 2}, {"b", 4}}, {});
   auto a = job.Take();
@@ -450,12 +450,7 @@ TEST_CASE("policy: a removed host's worker that alone holds the state stays unti
   // Regression (soak seed 609133795): discovery stopped listing the host of the only worker
   // that held the state (the others were new after kills); it was removed and the job ended
   // with "state lost".
-  DriverOptions d;
-  d.discovery_script = "discover.sh";
-  d.np = d.min_np = 1;
-  d.max_np = 4;
-  d.elastic = true;
-  Job job(d);
+  Job job(Discovered(4));
   job.StartFormed({{"b", 1}}, {"b:0"});
   job.Commit("b:0", 0, 5);
   job.policy->OnDiscovery(std::vector<HostSlots>{{"b", 1}, {"a", 1}}, {});  // a:0: new
@@ -494,12 +489,7 @@ TEST_CASE("policy: a worker told to go is kept when the other holder dies before
   // Found by the soak (seed 298247134, job 8): a scale-down removed a:1 while a:0 also held
   // the state; a:0 was then lost (SIGSTOP) before a:1 reached its Join, the next round
   // planned without a:1, and a:1 left with the only copy.
-  DriverOptions d;
-  d.discovery_script = "discover.sh";
-  d.np = d.min_np = 1;
-  d.max_np = 4;
-  d.elastic = true;
-  Job job(d);
+  Job job(Discovered(4));
   job.StartFormed({{"a", 2}}, {"a:0", "a:1"});
   job.Commit("a:0", 0, 5);
   job.Commit("a:1", 0, 5);
@@ -527,12 +517,7 @@ TEST_CASE("policy: a worker told to go is kept when the other holder dies before
 
 TEST_CASE("policy: a removed host's worker is not kept when a listed one holds the state",
           "[unit]") {
-  DriverOptions d;
-  d.discovery_script = "discover.sh";
-  d.np = d.min_np = 1;
-  d.max_np = 4;
-  d.elastic = true;
-  Job job(d);
+  Job job(Discovered(4));
   job.StartFormed({{"a", 1}, {"b", 1}}, {"a:0", "b:0"});
   job.Commit("a:0", 0, 5);
   job.Commit("b:0", 0, 5);

@@ -58,6 +58,20 @@ std::map<std::string, Assignment> Members(const std::vector<std::string>& slots)
   return m;
 }
 
+// A core on a fake clock, with a recording listener and a 10 s rendezvous timeout.
+struct TimedCore {
+  static CoreOptions Options(FakeClock* clock, Listener* listener) {
+    CoreOptions opts;
+    opts.clock = clock;
+    opts.listener = listener;
+    opts.rendezvous_timeout = seconds(10);
+    return opts;
+  }
+  FakeClock clock;
+  RecordingListener listener;
+  Core core{Options(&clock, &listener)};
+};
+
 TimePoint Far(Core& core) { return core.clock()->Now() + seconds(30); }
 
 // Waits (bounded, in real time) until `n` calls are parked in the core.
@@ -161,13 +175,10 @@ TEST_CASE("a slot the driver starts a new process for is no longer removed", "[u
 }
 
 TEST_CASE("Join ends at its deadline, and missing members are reported", "[unit]") {
-  FakeClock clock;
-  RecordingListener listener;
-  CoreOptions opts;
-  opts.clock = &clock;
-  opts.listener = &listener;
-  opts.rendezvous_timeout = seconds(10);
-  Core core(opts);
+  TimedCore timed;
+  FakeClock& clock = timed.clock;
+  RecordingListener& listener = timed.listener;
+  Core& core = timed.core;
   REQUIRE(core.ProposeRound(0, Members({"a:0", "b:0"}), {}).ok());
   TimePoint join_deadline = clock.Now() + seconds(20);
   auto join =
@@ -198,13 +209,10 @@ TEST_CASE("a member's wait counts across proposals that replace each other", "[u
   // Regression (soak seed 609133795): discovery churn re-planned every few seconds and each
   // proposal restarted the whole rendezvous timeout, so a member that never joined was never
   // named and no round formed for half a minute.
-  FakeClock clock;
-  RecordingListener listener;
-  CoreOptions opts;
-  opts.clock = &clock;
-  opts.listener = &listener;
-  opts.rendezvous_timeout = seconds(10);
-  Core core(opts);
+  TimedCore timed;
+  FakeClock& clock = timed.clock;
+  RecordingListener& listener = timed.listener;
+  Core& core = timed.core;
   REQUIRE(core.ProposeRound(0, Members({"a:0", "b:0", "c:0"}), {}).ok());
   auto join = std::async(std::launch::async,
                          [&] { return core.Join("a:0", -1, 0, clock.Now() + seconds(100)); });
@@ -245,13 +253,10 @@ TEST_CASE("a member's wait counts across proposals that replace each other", "[u
 }
 
 TEST_CASE("RestartWait gives slots a new wait and lets them be reported again", "[unit]") {
-  FakeClock clock;
-  RecordingListener listener;
-  CoreOptions opts;
-  opts.clock = &clock;
-  opts.listener = &listener;
-  opts.rendezvous_timeout = seconds(10);
-  Core core(opts);
+  TimedCore timed;
+  FakeClock& clock = timed.clock;
+  RecordingListener& listener = timed.listener;
+  Core& core = timed.core;
   REQUIRE(core.ProposeRound(0, Members({"a:0", "b:0"}), {}).ok());
   clock.Advance(seconds(11));
   REQUIRE(listener.WaitTimeout());
@@ -318,13 +323,10 @@ TEST_CASE("a Join from another process than the slot's current launch is refused
 
 TEST_CASE("a withdrawn round never forms and never times out, its Joins wait for the next",
           "[unit]") {
-  FakeClock clock;
-  RecordingListener listener;
-  CoreOptions opts;
-  opts.clock = &clock;
-  opts.listener = &listener;
-  opts.rendezvous_timeout = seconds(10);
-  Core core(opts);
+  TimedCore timed;
+  FakeClock& clock = timed.clock;
+  RecordingListener& listener = timed.listener;
+  Core& core = timed.core;
   REQUIRE(core.ProposeRound(0, Members({"a:0", "b:0"}), {}).ok());
   auto join = std::async(std::launch::async,
                          [&] { return core.Join("a:0", -1, 0, clock.Now() + seconds(100)); });
