@@ -156,8 +156,9 @@ void Policy::Replan(const std::string& reason) {
     if (kept_.count(slot)) continue;
     const Worker& w = workers_.at(slot);
     Log(Action::kWarn,
-        fmt::format("slot {}'s host {} is no longer listed, but its worker alone holds the "
-                    "newest state (version {}): it stays until the state is handed over",
+        fmt::format("slot {} is to go (host {} no longer lists it, or the job scales down), "
+                    "but its worker alone holds the newest state (version {}): it stays a "
+                    "member until the state is handed over",
                     slot, w.host, w.version));
     Event("holder_kept", {{"slot", slot}, {"version", w.version}});
   }
