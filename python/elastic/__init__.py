@@ -401,6 +401,13 @@ class State(_C.State):
         rank at the same commit) when the driver announced a membership change."""
         _C.State.commit(self)
 
+    def progress(self):
+        """Optional: ``(epoch, cursor, samples, epoch_size)`` of the training at the last
+        commit (samples: consumed over all epochs), for the driver's status, progress lines and
+        event log; None (the default) reports the step only. TorchState defines it from its
+        sampler."""
+        return None
+
     def check_host_updates(self):
         """Raises HostsUpdatedInterrupt when the driver announced a membership change (agreed
         by every rank)."""

@@ -61,6 +61,12 @@ class TorchState(elastic.ObjectState):
         if sampler is not None:
             self.register_reset_callbacks([self._reset_sampler])
 
+    def progress(self):
+        if self.sampler is None:
+            return None
+        s, n = self.sampler, self.sampler.num_samples_total
+        return (s.epoch, s.cursor, s.epoch * n + s.cursor, n)
+
     def _reset_sampler(self):
         self.sampler.set_rank(elastic.rank(), elastic.size())
 

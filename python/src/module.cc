@@ -6,9 +6,11 @@
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <spdlog/spdlog.h>
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "state/state.h"
@@ -63,6 +65,38 @@ class PyState : public State {
     });
   }
   void SetVersion(int64_t v) { version_ = v; }
+  // What a commit says about training (the driver's status, progress lines and event log): a
+  // Python state's optional progress() -> (epoch, cursor, samples, epoch_size) or None. A
+  // report never stops training: an error there leaves the step alone in the report.
+  Progress progress() const override {
+    Progress p{version_};
+    py::gil_scoped_acquire gil;
+    try {
+      py::function f = py::get_override(static_cast<const State*>(this), "progress");
+      if (!f) return p;
+      py::object r = f();
+      if (r.is_none()) return p;
+      auto t = r.cast<std::tuple<int64_t, int64_t, int64_t, int64_t>>();
+      p.epoch = std::get<0>(t);
+      p.cursor = std::get<1>(t);
+      p.samples = std::get<2>(t);
+      p.epoch_size = std::get<3>(t);
+    } catch (py::error_already_set& e) {
+      Warn(std::string(py::str(e.type().attr("__name__"))) + ": " +
+           std::string(py::str(e.value())));
+    } catch (const std::exception& e) {
+      Warn(e.what());
+    }
+    return p;
+  }
+
+ private:
+  static void Warn(const std::string& why) {
+    static bool warned = false;
+    if (warned) return;
+    warned = true;
+    spdlog::warn("state.progress() failed ({}); commits report the step only", why);
+  }
 };
 
 DataType DType(int code) {

@@ -89,6 +89,23 @@ def test_elastic_run_recovers_a_python_job_with_the_fault_free_model(elastic_run
     assert len(formed) >= 2 and formed[1]["sync_required"], formed
 
 
+@pytest.mark.parametrize("how", ["ok", "raise"])
+def test_a_python_state_reports_its_progress_with_each_commit(elastic_run, tmp_path, how):
+    log = str(tmp_path / "events.jsonl")
+    rc, out = run([elastic_run, "-np", "2", "--event-log", log, PY,
+                   os.path.join(WORKERS, "train_state.py"), "2", str(tmp_path / "l"),
+                   "--progress", how], env=py_env(), timeout=120)
+    assert rc == 0, out
+    commits = [e for e in events(log) if e["event"] == "committed"]
+    assert commits, out
+    if how == "ok":
+        assert all(e["epoch"] is not None and e["samples"] == e["epoch"] * 512 + e["cursor"]
+                   for e in commits), commits
+    else:  # a failing progress() never stops training: the commit reports the step only
+        assert all(e["epoch"] is None and e["step"] > 0 for e in commits), commits
+        assert out.count("state.progress() failed (ValueError: no progress today)") == 2, out
+
+
 def test_a_user_exception_fails_the_job_with_its_traceback(elastic_run, tmp_path):
     rc, out = run([elastic_run, "-np", "2", PY, os.path.join(WORKERS, "train_state.py"), "2",
                    str(tmp_path / "l"), "--fail-at", "5"], env=py_env(), timeout=120)

@@ -62,6 +62,11 @@ def test_a_pytorch_job_under_kills_additions_and_removals(elastic_run, fault_fre
     assert max_diff(saved, fault_free) < 1e-4
     rounds = [e for e in events(log) if e["event"] == "round_formed"]
     assert [len(r["members"]) for r in rounds][-1] == 2
+    # TorchState reports its sampler's position with every commit (state.progress()).
+    commits = [e for e in events(log) if e["event"] == "committed"]
+    assert commits and all(e["epoch"] is not None and e["cursor"] is not None
+                           and e["samples"] == e["epoch"] * TRAIN + e["cursor"]
+                           for e in commits), commits
 
 
 def test_the_example_runs_under_plain_python3_and_reaches_the_same_accuracy(fault_free,

@@ -4,10 +4,11 @@ bit the same at any size and under any faults. Each rank writes a ledger like th
 example's. Prints "final weights HASH steps S" on rank 0.
 
     train_state.py EPOCHS LEDGER_PREFIX [--fail-at STEP] [--leave-at STEP]
-                   [--hang-at STEP --hang-how sleep|stop]
+                   [--hang-at STEP --hang-how sleep|stop] [--progress ok|raise]
 
 --hang-at: the last rank of round 0 hangs before that step (sleeps forever inside the training
-loop, or stops itself with SIGSTOP).
+loop, or stops itself with SIGSTOP). --progress: the state defines progress() (its epoch and
+cursor), or one that raises.
 """
 import hashlib
 import os
@@ -31,7 +32,18 @@ X = rng.normal(size=(N, D))
 Y = X @ np.arange(1, D + 1) * 0.1 + rng.normal(size=N) * 0.01
 FIXED = 2.0 ** 32
 
-state = elastic.ObjectState(w=np.zeros(D), epoch=0, cursor=0, step=0)
+PROGRESS = sys.argv[sys.argv.index("--progress") + 1] if "--progress" in sys.argv else None
+
+
+class Progressing(elastic.ObjectState):
+    def progress(self):
+        if PROGRESS == "raise":
+            raise ValueError("no progress today")
+        return (self.epoch, self.cursor, self.epoch * N + self.cursor, N)
+
+
+state = (Progressing if PROGRESS else elastic.ObjectState)(w=np.zeros(D), epoch=0, cursor=0,
+                                                             step=0)
 
 
 @elastic.run
