@@ -664,13 +664,7 @@ void Policy::OnJoinTimeout(int64_t round, const std::vector<std::string>& missin
                            std::to_string(formed_) +
                            ": they roll back to their last commit and get another wait");
     Event("round_hung", {{"round", formed_}, {"seconds", Secs(Now() - formed_at_)}});
-    for (const auto& slot : stuck) {
-      Action dump;
-      dump.kind = Action::kDumpStacks;
-      dump.slot = slot;
-      dump.signal = workers_.at(slot).stack_signal;
-      Emit(std::move(dump));
-    }
+    for (const auto& slot : stuck) DumpStacks(workers_.at(slot));
     AbortRound("", why);
     Action again;
     again.kind = Action::kRestartWait;
@@ -953,12 +947,16 @@ void Policy::DeclareHung(Worker& w, const std::string& why) {
   } else {
     LoseWorker(w, what);
   }
+  DumpStacks(w);
+  SignalSlot(w.slot, SIGKILL);
+}
+
+void Policy::DumpStacks(const Worker& w) {
   Action dump;
   dump.kind = Action::kDumpStacks;
   dump.slot = w.slot;
   dump.signal = w.stack_signal;
   Emit(std::move(dump));
-  SignalSlot(w.slot, SIGKILL);
 }
 
 JobView Policy::View() const {

@@ -170,6 +170,8 @@ class Policy {
   void TopUpSpares(const std::vector<std::string>& plan);
   Worker& WorkerFor(const std::string& slot);
   void SignalSlot(const std::string& slot, int signal);
+  // Asks for the worker's stacks in its log (with the signal it registered for its own dump).
+  void DumpStacks(const Worker& w);
   void CheckFinished();
   void HandleLeaving(Worker& w, const std::string& why);
   // If `gone` is a member of the formed round: ABORT to the others (AbortRound).

@@ -774,6 +774,13 @@ TEST_CASE("policy: a local worker whose Watch stays broken is lost, named and du
   CHECK(Slots(a, Action::kSignal, SIGKILL) == std::vector<std::string>{"a:1"});
 }
 
+// `d` with --spares `spares`, and no host ever blacklisted (a lost worker's slot is reused).
+DriverOptions WithSpares(DriverOptions d, int spares) {
+  d.spares = spares;
+  d.host_failure_limit = 0;
+  return d;
+}
+
 std::vector<std::string> Spares(const std::vector<Action>& actions) {
   std::vector<std::string> out;
   for (const Action* a : Of(actions, Action::kLaunch)) {
@@ -784,9 +791,7 @@ std::vector<std::string> Spares(const std::vector<Action>& actions) {
 
 TEST_CASE("policy: warm spares start on free slots, take a lost member's place, and are replaced",
           "[unit]") {
-  DriverOptions d = Static({{"a", 5}}, 4, 2);
-  d.spares = 1;
-  d.host_failure_limit = 0;
+  DriverOptions d = WithSpares(Static({{"a", 5}}, 4, 2), 1);
   Job job(d);
   job.policy->Start(d.hosts);
   auto a = job.Take();
@@ -851,9 +856,7 @@ TEST_CASE("policy: a spare on a blacklisted host still takes a place, and none s
 }
 
 TEST_CASE("policy: spares give way to members when the hosts have too few slots", "[unit]") {
-  DriverOptions d = Static({{"a", 3}}, 3, 2);
-  d.spares = 2;
-  d.host_failure_limit = 0;
+  DriverOptions d = WithSpares(Static({{"a", 3}}, 3, 2), 2);
   Job job(d);
   job.policy->Start(d.hosts);
   auto a = job.Take();
