@@ -425,19 +425,20 @@ class PrefixStore : public RoundStore {
   }
   StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
                                          Duration timeout) override {
-    std::vector<std::string> k;
-    for (const auto& key : keys) k.push_back(prefix_ + key);
-    return inner_->Get(k, timeout);
+    return inner_->Get(Prefixed(keys), timeout);
   }
   StatusOr<std::vector<std::string>> SetAndGet(const std::string& key, const std::string& value,
                                                const std::vector<std::string>& keys,
                                                Duration timeout) override {
-    std::vector<std::string> k;
-    for (const auto& one : keys) k.push_back(prefix_ + one);
-    return inner_->SetAndGet(prefix_ + key, value, k, timeout);
+    return inner_->SetAndGet(prefix_ + key, value, Prefixed(keys), timeout);
   }
 
  private:
+  std::vector<std::string> Prefixed(const std::vector<std::string>& keys) const {
+    std::vector<std::string> k;
+    for (const auto& key : keys) k.push_back(prefix_ + key);
+    return k;
+  }
   RoundStore* inner_;
   std::string prefix_;
 };
