@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <deque>
+#include <map>
 #include <cstdlib>
 #include <csignal>
 #include <cstring>
@@ -250,6 +252,109 @@ StatusOr<std::vector<char>> AddressFor(const std::string& blob, int rank, int pe
 
 }  // namespace
 
+namespace {
+
+// One Gloo TCP device per address for the life of the process: a device is an epoll loop
+// thread, and building one per round (and joining its thread, which wakes every 10 ms, when
+// the round ends) sat on the critical path of every recovery.
+std::shared_ptr<gloo::transport::Device> SharedDevice(const gloo::transport::tcp::attr& attr,
+                                                      const std::string& key) {
+  // Never destroyed: an abandoned collective may still use its device while the process exits.
+  static auto* mu = new std::mutex();
+  static auto* devices = new std::map<std::string, std::shared_ptr<gloo::transport::Device>>();
+  std::lock_guard<std::mutex> g(*mu);
+  auto& d = (*devices)[key];
+  if (!d) d = gloo::transport::tcp::CreateDevice(attr);
+  return d;
+}
+
+// Threads kept for ForEachInParallel: created on first use and never joined (they sleep on a
+// condition variable between uses). Creating and joining threads for every round cost more
+// than the work they did when dozens of workers share a few cores.
+class HelperPool {
+ public:
+  static HelperPool& Get() {
+    static auto* pool = new HelperPool();  // never destroyed: its threads outlive main()
+    return *pool;
+  }
+  // Runs `task` on up to `helpers` pool threads (started as needed, at most kMax in all).
+  void Post(size_t helpers, const std::function<void()>& task) {
+    std::lock_guard<std::mutex> g(mu_);
+    for (size_t i = 0; i < helpers; ++i) queue_.push_back(task);
+    while (threads_ < kMax && threads_ - busy_ < queue_.size()) {
+      ++threads_;
+      std::thread([this] { Loop(); }).detach();
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  static constexpr size_t kMax = 15;
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return !queue_.empty(); });
+      std::function<void()> task = std::move(queue_.front());
+      queue_.pop_front();
+      ++busy_;
+      lock.unlock();
+      task();
+      task = nullptr;
+      lock.lock();
+      --busy_;
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;  // guarded by mu_
+  size_t threads_ = 0;                       // guarded by mu_
+  size_t busy_ = 0;                          // guarded by mu_
+};
+
+// Runs fn(i) for every i in `items`, on the calling thread and up to 15 pool threads at once,
+// and rethrows the first exception. Gloo's TCP pairs block their caller on the device loop's
+// next tick (up to 10 ms) when they connect (the active side) and when they close: one pair
+// after another, the ticks add up; together they share a tick.
+void ForEachInParallel(const std::vector<int>& items, const std::function<void(int)>& fn) {
+  if (items.size() <= 1) {
+    for (int i : items) fn(i);
+    return;
+  }
+  struct Job {
+    std::vector<int> items;
+    std::function<void(int)> fn;
+    std::atomic<size_t> next{0};
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t done = 0;  // guarded by mu
+    std::exception_ptr first;  // guarded by mu
+    void Work() {
+      for (size_t k = next++; k < items.size(); k = next++) {
+        std::exception_ptr error;
+        try {
+          fn(items[k]);
+        } catch (...) {
+          error = std::current_exception();
+        }
+        std::lock_guard<std::mutex> g(mu);
+        if (error && !first) first = error;
+        if (++done == items.size()) cv.notify_all();
+      }
+    }
+  };
+  // Shared with the helpers: one that starts after the items are all done finds none left.
+  auto job = std::make_shared<Job>();
+  job->items = items;
+  job->fn = fn;
+  HelperPool::Get().Post(std::min<size_t>(items.size(), 16) - 1, [job] { job->Work(); });
+  job->Work();
+  std::unique_lock<std::mutex> lock(job->mu);
+  job->cv.wait(lock, [&] { return job->done == job->items.size(); });
+  if (job->first) std::rethrow_exception(job->first);
+}
+
+}  // namespace
+
 struct GlooCommunicator::Executor {
   std::mutex mu;
   std::condition_variable cv;
@@ -260,6 +365,41 @@ struct GlooCommunicator::Executor {
   bool stop = false;          // guarded by mu
   bool abandoned = false;     // guarded by mu; a job outlived an abort
   std::thread thread;
+
+  // A started executor: an idle one left by an earlier communicator, or a new one.
+  static std::shared_ptr<Executor> Take() {
+    {
+      std::lock_guard<std::mutex> g(IdleMu());
+      auto& idle = Idle();
+      if (!idle.empty()) {
+        auto ex = std::move(idle.back());
+        idle.pop_back();
+        return ex;
+      }
+    }
+    auto ex = std::make_shared<Executor>();
+    ex->thread = std::thread(&Executor::Loop, ex);
+    return ex;
+  }
+  // Keeps an executor with nothing left to run for the next communicator (a thread started
+  // and joined every round cost a recovery more than its collectives did); false when enough
+  // are kept already.
+  static bool Keep(const std::shared_ptr<Executor>& ex) {
+    std::lock_guard<std::mutex> g(IdleMu());
+    auto& idle = Idle();
+    if (idle.size() >= 4) return false;
+    idle.push_back(ex);
+    return true;
+  }
+  static std::mutex& IdleMu() {
+    static auto* mu = new std::mutex();
+    return *mu;
+  }
+  static std::vector<std::shared_ptr<Executor>>& Idle() {
+    // Never destroyed: the idle threads hold their executors and outlive main().
+    static auto* idle = new std::vector<std::shared_ptr<Executor>>();
+    return *idle;
+  }
 
   static void Loop(std::shared_ptr<Executor> self) {
     std::unique_lock<std::mutex> lock(self->mu);
@@ -288,23 +428,38 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<AbortableContext> ctx, Topolo
     : ctx_(std::move(ctx)), topo_(topo), options_(std::move(options)) {}
 
 GlooCommunicator::~GlooCommunicator() {
+  bool abandoned = false;
   if (exec_) {
-    bool abandoned;
     {
       std::lock_guard<std::mutex> g(exec_->mu);
-      exec_->stop = true;
       abandoned = exec_->abandoned && exec_->finished < exec_->posted;
-      exec_->cv.notify_all();
     }
-    // An abandoned collective holds the Gloo context it uses (its options share it) and ends
-    // at Gloo's timeout; its thread then finds `stop` and returns.
-    if (abandoned) {
-      exec_->thread.detach();
-    } else {
-      exec_->thread.join();
+    if (abandoned || !Executor::Keep(exec_)) {
+      {
+        std::lock_guard<std::mutex> g(exec_->mu);
+        exec_->stop = true;
+        exec_->cv.notify_all();
+      }
+      // An abandoned collective holds the Gloo context it uses (its options share it) and
+      // ends at Gloo's timeout; its thread then finds `stop` and returns.
+      if (abandoned) {
+        exec_->thread.detach();
+      } else {
+        exec_->thread.join();
+      }
     }
   }
   std::lock_guard<std::mutex> g(abort_mu_);
+  if (!abandoned && pairs_ && !peers_.empty()) {
+    // Nothing uses the pairs any more: close them together (each close waits for a tick of
+    // the device loop) rather than one by one in the context's destructor.
+    auto* pairs = static_cast<gloo::transport::Context*>(pairs_.get());
+    try {
+      ForEachInParallel(peers_, [pairs](int i) { pairs->getPair(i).reset(); });
+    } catch (const std::exception& e) {
+      spdlog::debug("closing the Gloo pairs: {}", e.what());
+    }
+  }
   ctx_.reset();
   pairs_.reset();
 }
@@ -325,7 +480,8 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::New(const Topology
     } else {
       attr.hostname = options.hostname.empty() ? "127.0.0.1" : options.hostname;
     }
-    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto device = SharedDevice(attr, options.iface.empty() ? "host " + attr.hostname
+                                                           : "iface " + attr.iface);
     auto ctx = std::make_shared<AbortableContext>(topo.rank, topo.size);
     std::unique_ptr<GlooCommunicator> comm(new GlooCommunicator(ctx, topo, options));
     comm->device_ = device;
@@ -350,8 +506,10 @@ std::vector<int> GlooPeers(int rank, int size) {
 Status GlooCommunicator::Connect(RoundStore* store) {
   Status s;
   try {
-    s = ConnectPairs(store);
-    if (s.ok()) s = SetUpHierarchy(store);
+    ShmPlan plan;
+    s = PlanShm(store, &plan);
+    if (s.ok()) s = ConnectPairs(store, plan.fetch_key, &plan.description);
+    if (s.ok()) s = SetUpHierarchy(store, &plan);
   } catch (const std::exception& e) {
     s = Unavailable(std::string("connecting the Gloo pairs failed: ") + e.what());
   }
@@ -362,7 +520,8 @@ Status GlooCommunicator::Connect(RoundStore* store) {
   return s;
 }
 
-Status GlooCommunicator::ConnectPairs(RoundStore* store) {
+Status GlooCommunicator::ConnectPairs(RoundStore* store, const std::string& extra_key,
+                                      std::string* extra_value) {
   auto device = std::static_pointer_cast<gloo::transport::Device>(device_);
   if (!device) return FailedPrecondition("Connect() called twice");
   auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(options_.connect_timeout);
@@ -388,26 +547,38 @@ Status GlooCommunicator::ConnectPairs(RoundStore* store) {
     if (aborted_.load()) return Aborted("the communicator was aborted before it connected");
     pairs_ = pairs;  // from here on Abort() fails every pair's wait
   }
-  // This rank's addresses go out and its peers' come back in one call.
+  // This rank's addresses go out and its peers' come back in one call (with the segment of
+  // the host's local rank 0, when there is one to fetch).
   std::vector<std::string> peers;
+  if (!extra_key.empty()) keys.push_back(extra_key);
   if (keys.empty()) {
     RETURN_IF_ERROR(store->Set(std::to_string(topo_.rank), EncodeAddresses(mine)));
   } else {
     ASSIGN_OR_RETURN(peers, store->SetAndGet(std::to_string(topo_.rank), EncodeAddresses(mine),
                                              keys, options_.connect_timeout));
   }
+  if (!extra_key.empty()) {
+    *extra_value = std::move(peers.back());
+    peers.pop_back();
+    keys.pop_back();
+  }
   TestHook("connect", 0);
   if (!keys.empty()) {
-    size_t k = 0;
-    for (int i : peers_to) {
-      ASSIGN_OR_RETURN(std::vector<char> addr, AddressFor(peers[k++], topo_.rank, i));
-      if (aborted_.load()) return Aborted("the communicator was aborted while connecting");
-      pairs->getPair(i)->connect(addr);
+    std::vector<std::vector<char>> addrs(topo_.size);
+    for (size_t k = 0; k < peers_to.size(); ++k) {
+      ASSIGN_OR_RETURN(addrs[peers_to[k]], AddressFor(peers[k], topo_.rank, peers_to[k]));
     }
+    if (aborted_.load()) return Aborted("the communicator was aborted while connecting");
+    // All at once: a pair on the listening side waits for its peer to connect, and one after
+    // another those waits chained across ranks.
+    ForEachInParallel(peers_to, [&](int i) {
+      if (!aborted_.load()) pairs->getPair(i)->connect(addrs[i]);
+    });
   }
   std::lock_guard<std::mutex> g(abort_mu_);
   if (aborted_.load()) return Aborted("the communicator was aborted while connecting");
   ctx_->Adopt(device, pairs);
+  peers_ = peers_to;
   ctx_->setTimeout(
       std::chrono::duration_cast<std::chrono::milliseconds>(options_.collective_timeout));
   device_.reset();
@@ -445,58 +616,63 @@ class PrefixStore : public RoundStore {
 
 }  // namespace
 
-Status GlooCommunicator::SetUpHierarchy(RoundStore* store) {
+Status GlooCommunicator::PlanShm(RoundStore* store, ShmPlan* plan) {
   // Only when some host has more than one rank (every rank knows: fewer hosts than ranks).
-  if (topo_.size == 1 || topo_.cross_size >= topo_.size) return Status::Ok();
+  plan->hier = !(topo_.size == 1 || topo_.cross_size >= topo_.size);
+  if (!plan->hier) return Status::Ok();
   const char* env = std::getenv("ELASTIC_SHM_ALLREDUCE");
-  const bool want = options_.shm && !(env && std::string(env) == "0");
-  int64_t ok = want ? 1 : 0;
-  std::string why;  // why this rank cannot take part (empty: it can, or it was turned off)
-  std::unique_ptr<ShmGroup> group;
+  plan->want = options_.shm && !(env && std::string(env) == "0");
+  if (topo_.local_size < 2) return Status::Ok();
   const std::string key = "shm/" + std::to_string(topo_.cross_rank);
-  if (topo_.local_size > 1 && topo_.local_rank == 0) {
-    // Local rank 0 always answers, so that the others never wait for a segment that will
-    // not come.
-    std::string description = "off";
-    if (want) {
-      size_t slot = options_.shm_slot_bytes;
-      if (const char* v = std::getenv("ELASTIC_SHM_SLOT_BYTES"); v && slot == 0) {
-        slot = std::strtoull(v, nullptr, 10);
-      }
-      auto made = ShmGroup::Create(topo_.local_size, slot);
-      if (made.ok()) {
-        group = std::move(made).value();
-        description = group->Describe();
-      } else {
-        ok = 0;
-        why = made.status().message();
-      }
+  if (topo_.local_rank != 0) {
+    plan->fetch_key = key;
+    return Status::Ok();
+  }
+  // Local rank 0 always answers, so that the others never wait for a segment that will not
+  // come.
+  std::string description = "off";
+  if (plan->want) {
+    size_t slot = options_.shm_slot_bytes;
+    if (const char* v = std::getenv("ELASTIC_SHM_SLOT_BYTES"); v && slot == 0) {
+      slot = std::strtoull(v, nullptr, 10);
     }
-    RETURN_IF_ERROR(store->Set(key, description));
-  } else if (topo_.local_size > 1) {
-    ASSIGN_OR_RETURN(std::vector<std::string> got, store->Get({key}, options_.connect_timeout));
-    if (got[0] == "off") {
-      ok = 0;
-    } else if (want) {
-      auto opened = ShmGroup::Open(got[0], topo_.local_rank, topo_.local_size);
-      if (opened.ok()) {
-        group = std::move(opened).value();
-      } else {
-        ok = 0;
-        why = opened.status().message();
-      }
+    auto made = ShmGroup::Create(topo_.local_size, slot);
+    if (made.ok()) {
+      plan->group = std::move(made).value();
+      description = plan->group->Describe();
+    } else {
+      plan->why = made.status().message();
     }
   }
+  return store->Set(key, description);
+}
+
+Status GlooCommunicator::SetUpHierarchy(RoundStore* store, ShmPlan* plan) {
+  if (!plan->hier) return Status::Ok();
+  std::unique_ptr<ShmGroup> group = std::move(plan->group);
+  std::string why = plan->why;  // why this rank cannot take part (empty: it can, or it is off)
+  if (topo_.local_size > 1 && topo_.local_rank != 0 && plan->want &&
+      plan->description != "off") {
+    auto opened = ShmGroup::Open(plan->description, topo_.local_rank, topo_.local_size);
+    if (opened.ok()) {
+      group = std::move(opened).value();
+    } else {
+      why = opened.status().message();
+    }
+  }
+  // A rank alone on its host takes part when it wants to; one that shares its host, when it
+  // holds the segment.
+  const int64_t ok = plan->want && (topo_.local_size == 1 || group) ? 1 : 0;
   {
     std::lock_guard<std::mutex> g(abort_mu_);
     if (aborted_.load()) return Aborted("the communicator was aborted while connecting");
     shm_ = std::move(group);
   }
-  // Every rank agrees (hier_ is still off: this is the flat ring), and on the chunk: the
-  // cross-host ring reduces a chunk at a time, so every host must cut the same chunks (the
-  // smallest slot). After it every local rank has mapped the segment, so its name can go.
+  // Every rank agrees, and on the chunk: the cross-host ring reduces a chunk at a time, so
+  // every host must cut the same chunks (the smallest slot). After it every local rank has
+  // mapped the segment, so its name can go.
   int64_t agree[2] = {ok, shm_ ? static_cast<int64_t>(shm_->slot_bytes()) : INT64_MAX};
-  Allreduce(agree, 2, DataType::kI64, ReduceOp::kMin);
+  AgreeMin(agree, 2);
   if (shm_) shm_->Unlink();
   chunk_bytes_ = static_cast<size_t>(agree[1]);
   if (!agree[0]) {
@@ -525,6 +701,30 @@ Status GlooCommunicator::SetUpHierarchy(RoundStore* store) {
   return Status::Ok();
 }
 
+void GlooCommunicator::AgreeMin(int64_t* values, size_t n) {
+  if (topo_.size == 1 || n == 0) return;
+  Guard("agreement", [&] {
+    auto timeout =
+        std::chrono::duration_cast<std::chrono::milliseconds>(options_.collective_timeout);
+    std::vector<int64_t> in(n);
+    auto out_buf = ctx_->createUnboundBuffer(values, n * sizeof(int64_t));
+    auto in_buf = ctx_->createUnboundBuffer(in.data(), n * sizeof(int64_t));
+    // After the round at distance d, a rank holds the min over itself and the 2d-1 ranks
+    // before it; a value counted twice does not change a min.
+    for (long d = 1; d < topo_.size; d <<= 1) {
+      const uint64_t slot = static_cast<uint64_t>(ctx_->nextSlot());
+      const int to = static_cast<int>((topo_.rank + d) % topo_.size);
+      const int from = static_cast<int>((topo_.rank - d % topo_.size + topo_.size) % topo_.size);
+      in_buf->recv(from, slot);
+      out_buf->send(to, slot);
+      if (!in_buf->waitRecv(timeout) || !out_buf->waitSend(timeout)) {
+        throw WorkerLostError("the agreement was aborted");
+      }
+      for (size_t i = 0; i < n; ++i) values[i] = std::min(values[i], in[i]);
+    }
+  });
+}
+
 StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(RoundStore* store,
                                                                      const Topology& topo,
                                                                      const GlooOptions& options) {
@@ -546,8 +746,7 @@ void GlooCommunicator::Guard(const char* what, std::function<void()> fn, Duratio
     ~Done() { running.store(false); }
   } done{running_};
   if (!exec_) {
-    auto ex = std::make_shared<Executor>();
-    ex->thread = std::thread(&Executor::Loop, ex);
+    auto ex = Executor::Take();
     std::lock_guard<std::mutex> g(abort_mu_);  // Abort() reads exec_ from another thread
     exec_ = std::move(ex);
   }

@@ -103,8 +103,24 @@ class GlooCommunicator : public Communicator {
  private:
   struct Executor;
   GlooCommunicator(std::shared_ptr<AbortableContext> ctx, Topology topo, GlooOptions options);
-  Status ConnectPairs(RoundStore* store);
-  Status SetUpHierarchy(RoundStore* store);
+  // What this rank knows of its host's shared-memory segment before the pairs connect.
+  struct ShmPlan {
+    bool hier = false;                // some host has more than one rank
+    bool want = false;                // not turned off (option or ELASTIC_SHM_ALLREDUCE=0)
+    std::string fetch_key;            // local ranks but 0: the key of local rank 0's segment
+    std::string description;          // its value, fetched with the peers' addresses
+    std::unique_ptr<ShmGroup> group;  // local rank 0: the segment it made
+    std::string why;                  // why this rank cannot take part, if it cannot
+  };
+  // Local rank 0 makes the segment (or says "off") and publishes it before the pairs, so that
+  // the others fetch it with their peers' addresses, in one call.
+  Status PlanShm(RoundStore* store, ShmPlan* plan);
+  Status ConnectPairs(RoundStore* store, const std::string& extra_key, std::string* extra_value);
+  Status SetUpHierarchy(RoundStore* store, ShmPlan* plan);
+  // Elementwise min of `n` values over every rank, by dissemination over the pairs at
+  // distances 1, 2, 4, ... (log2(size) rounds, where the ring takes 2(size-1) steps): the
+  // agreement on the shared-memory path while a round connects.
+  void AgreeMin(int64_t* values, size_t n);
   // Allreduce through the host's shared memory and the cross-host ring (hier_).
   void HierarchicalAllreduce(void* data, size_t count, DataType dtype, ReduceOp op);
   // Runs a Gloo collective on the executor thread and waits for it or for Abort(). Gloo leaves
@@ -123,6 +139,7 @@ class GlooCommunicator : public Communicator {
   std::mutex abort_mu_;             // serializes Abort() against connecting and the destructor
   std::shared_ptr<void> device_;    // gloo::transport::Device, until connected
   std::shared_ptr<void> pairs_;     // gloo::transport::Context being connected; abort_mu_
+  std::vector<int> peers_;          // the ranks this rank has a pair with, once connected
   std::shared_ptr<Executor> exec_;  // started on the first collective
   std::atomic<uint64_t> started_{0};
   std::atomic<bool> running_{false};

@@ -100,7 +100,7 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Create(int local_size, size_t slot
     return fail("reserving " + std::to_string(g->bytes_ >> 10) + " KiB in /dev/shm failed: " +
                 std::strerror(err) + " (a small /dev/shm, e.g. a container's 64 MiB default?)");
   }
-  void* p = mmap(nullptr, g->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, g->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) return fail(Errno("mmap"));
   close(fd);
   g->base_ = p;
@@ -146,7 +146,7 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Open(const std::string& descriptio
     close(fd);
     return Unavailable("shared-memory segment " + name + " has the wrong size");
   }
-  void* p = mmap(nullptr, g->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, g->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (p == MAP_FAILED) return Unavailable(Errno("mmap"));
   g->base_ = p;

@@ -475,11 +475,16 @@ TEST_CASE("gloo: hierarchical allreduce of every dtype and op, hosts of differen
 }
 
 TEST_CASE("gloo: one rank without shared memory turns it off for every rank", "[unit]") {
-  // Rank 0 is local rank 0 of host 0 (it makes the segment), rank 3 a local rank 1.
-  int off = GENERATE(0, 3);
-  INFO("shm off on rank " << off);
+  // On hosts of 3 and 3, rank 0 is local rank 0 of host 0 (it makes the segment), rank 3 a
+  // local rank 1; on hosts of 1, 2 and 4 (7 ranks: the agreement's last exchange reaches over
+  // 4), rank 0 is alone on its host and rank 6 the last local rank of the last host.
+  auto [layout, off] = GENERATE(table<std::vector<int>, int>({{{3, 3}, 0},
+                                                              {{3, 3}, 3},
+                                                              {{1, 2, 4}, 0},
+                                                              {{1, 2, 4}, 6}}));
+  INFO("shm off on rank " << off << " of " << layout.size() << " hosts");
   auto failures = RunLayout(
-      {3, 3},
+      layout,
       [](GlooCommunicator& c) {
         if (c.hierarchical()) throw std::runtime_error("still hierarchical");
         AllDtypes(c, ReduceOp::kSum);
