@@ -3,11 +3,13 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -53,6 +55,10 @@ std::string ShellQuote(const std::string& s) {
 
 namespace {
 
+// The nice value children are started with (RaiseOwnPriority), or kNoNice: inherit.
+constexpr int kNoNice = 1000;
+int g_child_nice = kNoNice;
+
 // The reaper's program, set before SIGTERM can make it act.
 volatile pid_t g_reaped_program = 0;
 
@@ -91,6 +97,21 @@ void KillAdopted() {
 }
 
 }  // namespace
+
+StatusOr<int> RaiseOwnPriority(int boost) {
+  errno = 0;
+  int before = getpriority(PRIO_PROCESS, 0);
+  if (before == -1 && errno != 0) return Internal(std::string("getpriority: ") + strerror(errno));
+  int want = std::max(before - boost, -20);
+  if (want >= before) return before;
+  g_child_nice = before;  // set first: a child started from now on runs as before
+  if (setpriority(PRIO_PROCESS, 0, want) != 0) {
+    g_child_nice = kNoNice;
+    return PermissionDenied(std::string("setpriority(") + std::to_string(want) +
+                            "): " + strerror(errno));
+  }
+  return want;
+}
 
 StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
   if (spec.argv.empty()) return InvalidArgument("no command to run");
@@ -132,6 +153,7 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
   if (pid < 0) return Internal(std::string("fork: ") + strerror(errno));
   if (pid == 0) {
     setpgid(0, 0);
+    if (g_child_nice != kNoNice) setpriority(PRIO_PROCESS, 0, g_child_nice);
     if (spec.die_with_parent) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(137);

@@ -28,6 +28,13 @@ struct LaunchSpec {
   std::string stdin_data;
 };
 
+// Lowers the calling thread's nice value by `boost` (threads it starts later inherit it), where
+// this process may (root, CAP_SYS_NICE, or RLIMIT_NICE allowing it); processes started later
+// by Process::Start run at the nice value from before. Returns the new nice value, or the
+// reason it stayed. The driver calls it first thing: on a machine whose cores its workers
+// keep busy, its reaction to a failure (aborts, the next round) waited for a time slice.
+StatusOr<int> RaiseOwnPriority(int boost);
+
 class Process {
  public:
   // Starts the process; NOT_FOUND (exit 127 semantics) when argv[0] cannot be executed.

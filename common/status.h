@@ -75,6 +75,9 @@ inline Status Internal(std::string m) { return Status(Code::kInternal, std::move
 inline Status ResourceExhausted(std::string m) {
   return Status(Code::kResourceExhausted, std::move(m));
 }
+inline Status PermissionDenied(std::string m) {
+  return Status(Code::kPermissionDenied, std::move(m));
+}
 inline Status Cancelled(std::string m) { return Status(Code::kCancelled, std::move(m)); }
 inline Status Aborted(std::string m) { return Status(Code::kAborted, std::move(m)); }
 inline Status Unauthenticated(std::string m) {

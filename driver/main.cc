@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/logging.h"
+#include "common/process.h"
 #include "driver/driver.h"
 #include "driver/monitor.h"
 
@@ -243,6 +244,17 @@ int main(int argc, char** argv) {
   if (verbose && log_level.empty()) log_level = "debug";
   auto logging = elastic::InitLogging(log_level, "driver");
   if (!logging.ok()) return fail(logging.message());
+  // Before any thread starts (they inherit it): the driver runs 10 nice levels above its
+  // workers where it may, so that its reaction to a failure does not wait behind them for a
+  // time slice on a machine they keep busy. ELASTIC_DRIVER_NICE=0 leaves it as it is.
+  if (const char* v = std::getenv("ELASTIC_DRIVER_NICE"); !v || std::string(v) != "0") {
+    auto raised = elastic::RaiseOwnPriority(10);
+    if (raised.ok()) {
+      spdlog::debug("driver nice value {} (workers keep the one it was started with)", *raised);
+    } else {
+      spdlog::debug("driver priority unchanged: {}", raised.status().message());
+    }
+  }
 
   if (app.count("--np") && np < 1)
     return fail("-np must be at least 1 (got " + std::to_string(np) + ")");

@@ -276,3 +276,31 @@ def test_a_peer_stopped_then_killed_mid_transfer_never_strands_a_survivor(elasti
         assert job.wait(timeout=60) == 0, job.text()
     finally:
         job.kill()
+
+
+def thread_nice_values(pid):
+    """The nice value of every thread of a process (field 19 of /proc/PID/task/TID/stat)."""
+    out = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            out.add(int(f.read().rsplit(")", 1)[1].split()[16]))
+    return out
+
+
+@pytest.mark.parametrize("setting", ["default", "off"])
+def test_the_driver_runs_above_its_workers_where_it_may(elastic_run, test_worker, setting):
+    if os.geteuid() != 0:
+        pytest.skip("raising a priority needs root or CAP_SYS_NICE")
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    env = dict(os.environ, ELASTIC_DRIVER_NICE="0") if setting == "off" else None
+    job = Job([elastic_run, "-np", "2", test_worker, "sleep"], env=env)
+    try:
+        pids = [int(m.group(1)) for m in job.wait_for(r"sleeping pid (\d+)", count=2)]
+        driver = thread_nice_values(job.proc.pid)
+        expected = base if setting == "off" else max(base - 10, -20)
+        # Every thread of the driver (gRPC's included), and none of the workers' threads.
+        assert driver == {expected}, (driver, job.text())
+        for pid in pids:
+            assert thread_nice_values(pid) == {base}, job.text()
+    finally:
+        job.kill()
