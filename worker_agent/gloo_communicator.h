@@ -61,10 +61,11 @@ class GlooCommunicator : public Communicator {
                                                          const GlooOptions& options);
   // Connects the pairs through `store`: publishes the addresses of this rank's pairs (one per
   // peer of GlooPeers, or every rank with full_mesh) under key "<rank>", fetches its peers'
-  // keys (one Get), connects each pair. Then, when some host has several ranks, sets up the
-  // hierarchical allreduce (GlooOptions::shm): local rank 0 publishes its segment under
-  // "shm/<cross_rank>", every rank agrees in one allreduce, and the local ranks 0 connect a
-  // cross-host communicator under keys "x/...". Blocks up to the connect
+  // keys (in the same call), connects the pairs all at once. When some host has several ranks
+  // it sets up the hierarchical allreduce (GlooOptions::shm): local rank 0 publishes its
+  // segment under "shm/<cross_rank>" first, the others fetch it with their peers' addresses,
+  // every rank agrees (AgreeMin), and the local ranks 0 connect a cross-host communicator
+  // under keys "x/...". Blocks up to the connect
   // timeout. ABORTED when Abort() came before or during it (from any thread: the store wait
   // is the caller's to cancel, the pairs are failed here); UNAVAILABLE / DEADLINE_EXCEEDED
   // (with Gloo's message) when peers do not show up. Call once.
