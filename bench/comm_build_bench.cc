@@ -1,8 +1,10 @@
 // comm_build_bench: how the cost of building a round's Gloo communicator grows with its size.
 // N ranks as threads of this process over an in-process rendezvous Core (no gRPC: the store
-// costs little), each with its own TCP device on loopback; timed from the round forming to
-// every rank connected, then to one 4-byte allreduce done on every rank. Threads share the
-// machine's cores as processes would; beyond ~64 they are the only way to reach 128 here.
+// costs little), on loopback; timed from the round forming to every rank connected, then to
+// one 4-byte allreduce done on every rank. Threads share the machine's cores as processes
+// would; beyond ~64 they are the only way to reach 128 here. Since a process keeps one Gloo
+// device (one event-loop thread) for all its communicators, the ranks here share one too,
+// where processes would have one each.
 //
 //   build/bench/comm_build_bench [N ...]     (default: 8 16 32 64 128), median of 3
 #include <algorithm>
