@@ -1,12 +1,17 @@
-// rendezvous_bench: N simulated workers (threads, each with its own gRPC channel) Join a round,
+// rendezvous_bench: N simulated workers (each with its own gRPC channel) Join a round,
 // then each does one Set of its pair addresses and one Get of its Gloo peers' keys (GlooPeers:
 // about 2 log2 N), the pattern of the communicator's set-up. `--full-mesh` Gets all N keys
 // instead (the old full-mesh pattern: N^2 values through the server). The server runs in a
 // child process, so that its peak memory (VmHWM) and CPU time are its own: the CPU per joining
 // worker is the server's cost; the wall time also holds N client threads sharing this
-// machine's cores with it.
+// machine's cores with it. By default each worker is a thread blocked in the worker's own
+// Client calls. `--async` keeps each worker's Client and channel (so still N connections, N
+// HTTP/2 sessions, the same calls with the same metadata) but issues the calls through gRPC's
+// callback API from one thread: the client side then costs what N processes on other machines
+// would not put on this one, N threads scheduled on 2 cores.
 //
-//   build/bench/rendezvous_bench [--full-mesh] [N ...]     (default: 16 64 256 1024)
+//   build/bench/rendezvous_bench [--full-mesh] [--separate] [--async] [N ...]
+//                                                           (default: 16 64 256 1024)
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,6 +27,9 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/grpcpp.h>
+
+#include "proto/elastic.grpc.pb.h"
 #include "rendezvous/rendezvous.h"
 #include "worker_agent/gloo_communicator.h"
 
@@ -102,6 +110,54 @@ struct Result {
 
 bool g_full_mesh = false;
 bool g_separate = false;
+bool g_async = false;
+
+// One simulated worker of --async: its Client's channel, and the calls of a phase in flight.
+struct AsyncWorker {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<v1::Rendezvous::Stub> stub;
+  std::vector<std::string> keys;
+  std::string mine;
+  std::unique_ptr<grpc::ClientContext> ctx;
+  v1::JoinRequest join;
+  v1::JoinResponse joined;
+  v1::GetRequest get;
+  v1::GetResponse got;
+};
+
+std::unique_ptr<grpc::ClientContext> Context() {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->AddMetadata("x-elastic-token", "bench-token");  // as Client::Prepare does
+  ctx->set_wait_for_ready(true);
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  return ctx;
+}
+
+// Join, then SetAndGet (Get with put_key), for worker i in round `phase`; `finish(ok)` once.
+void StartAsync(AsyncWorker& w, int i, int phase, std::function<void(bool)> finish) {
+  w.ctx = Context();
+  w.join.Clear();
+  w.join.set_slot(Slot(i));
+  w.join.set_last_round(phase - 1);
+  w.stub->async()->Join(w.ctx.get(), &w.join, &w.joined,
+                        [&w, i, phase, finish](grpc::Status s) {
+    if (!s.ok() || w.joined.assignment().rank() != i ||
+        w.joined.assignment().round() != phase) {
+      finish(false);
+      return;
+    }
+    w.ctx = Context();
+    w.get.Clear();
+    w.get.set_round(phase);
+    w.get.set_put_key(std::to_string(i));
+    w.get.set_put_value(w.mine);
+    for (const auto& k : w.keys) w.get.add_keys(k);
+    w.get.set_timeout_ms(60000);
+    w.stub->async()->Get(w.ctx.get(), &w.get, &w.got, [&w, finish](grpc::Status s2) {
+      finish(s2.ok() && w.got.values_size() == static_cast<int>(w.keys.size()));
+    });
+  });
+}
 
 Result RunOnce(int n) {
   int to_parent[2], to_child[2];
@@ -142,7 +198,23 @@ Result RunOnce(int n) {
   std::mutex go_mu;
   std::condition_variable go_cv;  // threads sleep between phases, not spin
   std::vector<std::thread> threads;
-  for (int i = 0; i < n; ++i) {
+  std::vector<AsyncWorker> async_workers(g_async ? n : 0);
+  for (int i = 0; g_async && i < n; ++i) {
+    AsyncWorker& w = async_workers[i];
+    ClientOptions o;
+    o.address = address;
+    o.token = "bench-token";
+    w.client = std::make_unique<Client>(o);
+    w.stub = v1::Rendezvous::NewStub(w.client->channel());
+    for (int k : elastic::worker_agent::GlooPeers(i, n)) w.keys.push_back(std::to_string(k));
+    if (g_full_mesh) {
+      w.keys.clear();
+      for (int k = 0; k < n; ++k) w.keys.push_back(std::to_string(k));
+    }
+    w.mine.assign(140 * w.keys.size(), static_cast<char>('a' + i % 26));
+    ready.fetch_add(1);
+  }
+  for (int i = 0; !g_async && i < n; ++i) {
     threads.emplace_back([&, i] {
       ClientOptions o;
       o.address = address;
@@ -193,6 +265,12 @@ Result RunOnce(int n) {
       go.store(phase);
     }
     go_cv.notify_all();
+    for (int i = 0; g_async && i < n; ++i) {
+      StartAsync(async_workers[i], i, phase, [&, phase](bool ok) {
+        if (!ok) failures[phase].fetch_add(1);
+        done.fetch_add(1);
+      });
+    }
     while (done.load() < n * (phase + 1)) std::this_thread::sleep_for(std::chrono::microseconds(200));
     p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     p.client_cpu = CpuSeconds(RUSAGE_SELF) - client0;
@@ -220,15 +298,22 @@ int main(int argc, char** argv) {
       g_full_mesh = true;
     } else if (std::string(argv[i]) == "--separate") {
       g_separate = true;
+    } else if (std::string(argv[i]) == "--async") {
+      g_async = true;
     } else {
       sizes.push_back(std::atoi(argv[i]));
     }
   }
   if (sizes.empty()) sizes = {16, 64, 256, 1024};
-  std::printf("rendezvous_bench: Join + %s(%s) per worker, one channel each; round 0 (the "
+  if (g_async && g_separate) {
+    std::fprintf(stderr, "rendezvous_bench: --async runs SetAndGet only (no --separate)\n");
+    return 2;
+  }
+  std::printf("rendezvous_bench: Join + %s(%s) per worker, one channel each, %s; round 0 (the "
               "channels connect) and round 1 (the same channels, as after a membership change)\n",
               g_separate ? "Set + Get" : "SetAndGet",
-              g_full_mesh ? "all N keys" : "its Gloo peers' keys");
+              g_full_mesh ? "all N keys" : "its Gloo peers' keys",
+              g_async ? "calls issued asynchronously from one thread" : "a thread each");
   std::printf("%8s %6s %12s %14s %16s %12s %10s %16s\n", "workers", "round", "wall",
               "server CPU", "CPU per worker", "client CPU", "failures", "server peak RSS");
   for (int n : sizes) {

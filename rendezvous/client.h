@@ -64,6 +64,9 @@ class Client {
   void CancelGets(int64_t round);
   // Ends a Watch in progress on another thread (it returns CANCELLED). Thread-safe.
   void CancelWatch();
+  // The channel (its own connection, with the settings above), for a benchmark that drives
+  // the protocol through gRPC's asynchronous API.
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
 
  private:
   template <typename Fn>
