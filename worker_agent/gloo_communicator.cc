@@ -388,6 +388,10 @@ struct GlooCommunicator::Executor {
     std::lock_guard<std::mutex> g(IdleMu());
     auto& idle = Idle();
     if (idle.size() >= 4) return false;
+    {
+      std::lock_guard<std::mutex> g(ex->mu);
+      ex->abandoned = false;  // that communicator's; its collective ended
+    }
     idle.push_back(ex);
     return true;
   }
