@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <set>
 #include <thread>
 
 #include "rendezvous/rendezvous.h"
@@ -305,6 +306,46 @@ TEST_CASE("gloo: fusion of 1000 tensors of mixed sizes and dtypes", "[unit]") {
       fusion);
   CHECK(failures.empty());
   for (auto& f : failures) WARN(f);
+}
+
+// Every round builds new communicators; a process keeps one Gloo device (its event-loop
+// thread), hands the collective threads on, and connects and closes pairs on threads it
+// keeps: after the first rounds, the threads that are there stay, and few are added.
+TEST_CASE("gloo: rounds one after another in one process keep the same threads", "[unit]") {
+  auto threads_now = [] {
+    std::set<std::string> tids;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+      tids.insert(e.path().filename().string());
+    }
+    return tids;
+  };
+  auto round = [] {
+    // 4 ranks: a process keeps up to 4 idle collective threads (a worker has one
+    // communicator, two on a host's local rank 0 with several hosts).
+    return RunRanks(4, [](GlooCommunicator& c) {
+      std::vector<float> v(1000, 1.f);
+      c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
+      if (v[999] != 4.f) throw std::runtime_error("allreduce");
+      int32_t x = c.rank() == 2 ? 7 : 0;
+      c.Broadcast(&x, sizeof x, 2);
+      if (x != 7) throw std::runtime_error("broadcast");
+    });
+  };
+  for (int r = 0; r < 2; ++r) REQUIRE(round().empty());
+  const auto settled = threads_now();
+  // This thread, the device's loop, the kept collective threads and helpers.
+  CHECK(settled.size() > 2);
+  for (int r = 0; r < 4; ++r) {
+    auto failures = round();
+    CHECK(failures.empty());
+    for (auto& f : failures) WARN(f);
+  }
+  // The same threads are still there; helpers may have been added (the pool grows with the
+  // pairs connecting at once, up to 15), nothing beyond this thread, the loop, 4 kept
+  // collective threads and 15 helpers.
+  const auto after = threads_now();
+  CHECK(std::includes(after.begin(), after.end(), settled.begin(), settled.end()));
+  CHECK(after.size() <= 1 + 1 + 4 + 15);
 }
 
 TEST_CASE("gloo: a rank that goes away fails its peers' collective with WorkerLostError",
