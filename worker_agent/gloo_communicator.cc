@@ -621,9 +621,7 @@ class PrefixStore : public RoundStore {
 }  // namespace
 
 Status GlooCommunicator::PlanShm(RoundStore* store, ShmPlan* plan) {
-  // Only when some host has more than one rank (every rank knows: fewer hosts than ranks).
-  plan->hier = !(topo_.size == 1 || topo_.cross_size >= topo_.size);
-  if (!plan->hier) return Status::Ok();
+  if (!SomeHostShared()) return Status::Ok();
   const char* env = std::getenv("ELASTIC_SHM_ALLREDUCE");
   plan->want = options_.shm && !(env && std::string(env) == "0");
   if (topo_.local_size < 2) return Status::Ok();
@@ -652,7 +650,7 @@ Status GlooCommunicator::PlanShm(RoundStore* store, ShmPlan* plan) {
 }
 
 Status GlooCommunicator::SetUpHierarchy(RoundStore* store, ShmPlan* plan) {
-  if (!plan->hier) return Status::Ok();
+  if (!SomeHostShared()) return Status::Ok();
   std::unique_ptr<ShmGroup> group = std::move(plan->group);
   std::string why = plan->why;  // why this rank cannot take part (empty: it can, or it is off)
   if (topo_.local_size > 1 && topo_.local_rank != 0 && plan->want &&

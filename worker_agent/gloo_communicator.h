@@ -106,13 +106,15 @@ class GlooCommunicator : public Communicator {
   GlooCommunicator(std::shared_ptr<AbortableContext> ctx, Topology topo, GlooOptions options);
   // What this rank knows of its host's shared-memory segment before the pairs connect.
   struct ShmPlan {
-    bool hier = false;                // some host has more than one rank
     bool want = false;                // not turned off (option or ELASTIC_SHM_ALLREDUCE=0)
     std::string fetch_key;            // local ranks but 0: the key of local rank 0's segment
     std::string description;          // its value, fetched with the peers' addresses
     std::unique_ptr<ShmGroup> group;  // local rank 0: the segment it made
     std::string why;                  // why this rank cannot take part, if it cannot
   };
+  // Some host has more than one rank (every rank knows: fewer hosts than ranks): the
+  // hierarchical allreduce is set up.
+  bool SomeHostShared() const { return topo_.size > 1 && topo_.cross_size < topo_.size; }
   // Local rank 0 makes the segment (or says "off") and publishes it before the pairs, so that
   // the others fetch it with their peers' addresses, in one call.
   Status PlanShm(RoundStore* store, ShmPlan* plan);
