@@ -112,6 +112,30 @@ bool g_full_mesh = false;
 bool g_separate = false;
 bool g_async = false;
 
+ClientOptions BenchClientOptions(const std::string& address) {
+  ClientOptions o;
+  o.address = address;
+  o.token = "bench-token";
+  return o;
+}
+
+// The keys worker i of n fetches: its Gloo peers', or all n with --full-mesh.
+std::vector<std::string> KeysOf(int i, int n) {
+  std::vector<std::string> keys;
+  if (g_full_mesh) {
+    for (int k = 0; k < n; ++k) keys.push_back(std::to_string(k));
+  } else {
+    for (int k : elastic::worker_agent::GlooPeers(i, n)) keys.push_back(std::to_string(k));
+  }
+  return keys;
+}
+
+// What worker i publishes: a pair address is ~140 bytes (Gloo's tcp::Address), one per key
+// it asks for.
+std::string AddressesOf(int i, size_t keys) {
+  return std::string(140 * keys, static_cast<char>('a' + i % 26));
+}
+
 // One simulated worker of --async: its Client's channel, and the calls of a phase in flight.
 struct AsyncWorker {
   std::unique_ptr<Client> client;
@@ -201,33 +225,17 @@ Result RunOnce(int n) {
   std::vector<AsyncWorker> async_workers(g_async ? n : 0);
   for (int i = 0; g_async && i < n; ++i) {
     AsyncWorker& w = async_workers[i];
-    ClientOptions o;
-    o.address = address;
-    o.token = "bench-token";
-    w.client = std::make_unique<Client>(o);
+    w.client = std::make_unique<Client>(BenchClientOptions(address));
     w.stub = v1::Rendezvous::NewStub(w.client->channel());
-    for (int k : elastic::worker_agent::GlooPeers(i, n)) w.keys.push_back(std::to_string(k));
-    if (g_full_mesh) {
-      w.keys.clear();
-      for (int k = 0; k < n; ++k) w.keys.push_back(std::to_string(k));
-    }
-    w.mine.assign(140 * w.keys.size(), static_cast<char>('a' + i % 26));
+    w.keys = KeysOf(i, n);
+    w.mine = AddressesOf(i, w.keys.size());
     ready.fetch_add(1);
   }
   for (int i = 0; !g_async && i < n; ++i) {
     threads.emplace_back([&, i] {
-      ClientOptions o;
-      o.address = address;
-      o.token = "bench-token";
-      Client client(o);
-      std::vector<std::string> keys;
-      if (g_full_mesh) {
-        for (int k = 0; k < n; ++k) keys.push_back(std::to_string(k));
-      } else {
-        for (int k : elastic::worker_agent::GlooPeers(i, n)) keys.push_back(std::to_string(k));
-      }
-      // A pair address is ~140 bytes (Gloo's tcp::Address); one per key asked for.
-      std::string mine(140 * keys.size(), static_cast<char>('a' + i % 26));
+      Client client(BenchClientOptions(address));
+      const std::vector<std::string> keys = KeysOf(i, n);
+      const std::string mine = AddressesOf(i, keys.size());
       ready.fetch_add(1);
       for (int phase = 0; phase < 2; ++phase) {
         {
