@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/test_hook.h"
+#include "worker_agent/shm_group.h"
 #include "worker_agent/worker_agent.h"
 
 namespace elastic {
@@ -101,6 +102,11 @@ StatusOr<std::unique_ptr<Agent>> Agent::Create(WorkerEnv env, AgentOptions optio
     options.backend = *parsed;
   }
   if (Env("ELASTIC_NCCL_SHRINK") == "0") options.nccl_shrink = false;
+  // This process's shared-memory segment serves its later rounds on the host when it can
+  // (ShmKeeper); ELASTIC_SHM_REUSE=0: a new one every round.
+  if (!options.gloo.shm_keeper && Env("ELASTIC_SHM_REUSE") != "0") {
+    options.gloo.shm_keeper = std::make_shared<worker_agent::ShmKeeper>();
+  }
   const bool spare = Env("ELASTIC_SPARE") == "1";
   // The backend: NCCL when asked (it must load and see a device), or under auto when it can.
   Backend backend = Backend::kGloo;

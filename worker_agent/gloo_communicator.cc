@@ -10,7 +10,11 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/context.h>
 #include <gloo/transport/pair.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -250,7 +254,64 @@ StatusOr<std::vector<char>> AddressFor(const std::string& blob, int rank, int pe
                          std::to_string(rank));
 }
 
+// Whether two socket addresses are the same IP address and port.
+bool SameEndpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    const auto& x = reinterpret_cast<const sockaddr_in&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in&>(b);
+    return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
+  }
+  if (a.ss_family == AF_INET6) {
+    const auto& x = reinterpret_cast<const sockaddr_in6&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in6&>(b);
+    return x.sin6_port == y.sin6_port &&
+           std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0;
+  }
+  return false;
+}
+
 }  // namespace
+
+// Gloo closes a pair with a FIN, and the side that closes first keeps the connection in
+// TIME_WAIT for a minute. A job whose rounds change often (every recovery closes every
+// pair) fills the ephemeral port range with them, and each new pair's listening socket then
+// has to search that range for a free port (bind to port 0): at 128 local ranks, with 10k
+// such sockets left by earlier rounds, a round change took 1-2 s instead of 0.4 s, most of it
+// in the kernel. Gloo does not expose its sockets, so this process's connected TCP sockets
+// are matched by address, once the pairs are connected: those to a peer's pair address (this
+// side connected) and those on one of this rank's own pair addresses (it accepted). They
+// close with a reset (SO_LINGER 0) instead: nothing is in flight when a communicator goes.
+int ResetPairsOnClose(const std::vector<sockaddr_storage>& peers,
+                      const std::vector<sockaddr_storage>& own) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return 0;
+  const int dir_fd = dirfd(dir);
+  int found = 0;
+  while (dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == dir_fd) continue;
+    sockaddr_storage local{}, remote{};
+    socklen_t len = sizeof local;
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) {
+      continue;  // not a socket
+    }
+    if (local.ss_family != AF_INET && local.ss_family != AF_INET6) continue;
+    len = sizeof remote;
+    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&remote), &len) != 0) {
+      continue;  // not connected (a listening socket)
+    }
+    bool pair = false;
+    for (const auto& a : peers) pair = pair || SameEndpoint(remote, a);
+    for (const auto& a : own) pair = pair || SameEndpoint(local, a);
+    if (!pair) continue;
+    linger l{1, 0};
+    if (setsockopt(static_cast<int>(fd), SOL_SOCKET, SO_LINGER, &l, sizeof l) == 0) ++found;
+  }
+  closedir(dir);
+  return found;
+}
 
 namespace {
 
@@ -466,6 +527,8 @@ GlooCommunicator::~GlooCommunicator() {
   }
   ctx_.reset();
   pairs_.reset();
+  // Nothing of this process uses the segment any more: the next round may reuse it.
+  if (!abandoned && shm_ && options_.shm_keeper) options_.shm_keeper->Keep(std::move(shm_));
 }
 
 StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::New(const Topology& topo,
@@ -578,6 +641,14 @@ Status GlooCommunicator::ConnectPairs(RoundStore* store, const std::string& extr
     ForEachInParallel(peers_to, [&](int i) {
       if (!aborted_.load()) pairs->getPair(i)->connect(addrs[i]);
     });
+    std::vector<sockaddr_storage> theirs, ours;
+    for (int i : peers_to) {
+      theirs.push_back(gloo::transport::tcp::Address(addrs[i]).getSockaddr());
+    }
+    for (const auto& [peer, bytes] : mine) {
+      ours.push_back(gloo::transport::tcp::Address(bytes).getSockaddr());
+    }
+    ResetPairsOnClose(theirs, ours);
   }
   std::lock_guard<std::mutex> g(abort_mu_);
   if (aborted_.load()) return Aborted("the communicator was aborted while connecting");
@@ -620,6 +691,16 @@ class PrefixStore : public RoundStore {
 
 }  // namespace
 
+uint64_t GlooCommunicator::shm_token() const { return shm_ ? shm_->token() : 0; }
+
+size_t GlooCommunicator::AskedSlotBytes() const {
+  size_t slot = options_.shm_slot_bytes;
+  if (const char* v = std::getenv("ELASTIC_SHM_SLOT_BYTES"); v && slot == 0) {
+    slot = std::strtoull(v, nullptr, 10);
+  }
+  return slot;
+}
+
 Status GlooCommunicator::PlanShm(RoundStore* store, ShmPlan* plan) {
   if (!SomeHostShared()) return Status::Ok();
   const char* env = std::getenv("ELASTIC_SHM_ALLREDUCE");
@@ -632,39 +713,61 @@ Status GlooCommunicator::PlanShm(RoundStore* store, ShmPlan* plan) {
   }
   // Local rank 0 always answers, so that the others never wait for a segment that will not
   // come.
-  std::string description = "off";
+  plan->description = "off";
   if (plan->want) {
-    size_t slot = options_.shm_slot_bytes;
-    if (const char* v = std::getenv("ELASTIC_SHM_SLOT_BYTES"); v && slot == 0) {
-      slot = std::strtoull(v, nullptr, 10);
-    }
-    auto made = ShmGroup::Create(topo_.local_size, slot);
-    if (made.ok()) {
-      plan->group = std::move(made).value();
-      description = plan->group->Describe();
+    const size_t slot = AskedSlotBytes();
+    std::unique_ptr<ShmGroup> kept = options_.shm_keeper ? options_.shm_keeper->Take() : nullptr;
+    if (kept && kept->Fits(topo_.local_size) && (slot == 0 || slot == kept->slot_bytes()) &&
+        kept->AllMappersQuiet()) {
+      kept->Reuse(0, topo_.local_size);
+      plan->description = kept->DescribeReuse();
+      plan->group = std::move(kept);
     } else {
-      plan->why = made.status().message();
+      kept.reset();  // unmapped before a new one is made
+      auto made = ShmGroup::Create(topo_.local_size, slot);
+      if (made.ok()) {
+        plan->group = std::move(made).value();
+        plan->description = plan->group->Describe();
+      } else {
+        plan->why = made.status().message();
+      }
     }
   }
-  return store->Set(key, description);
+  return store->Set(key, plan->description);
 }
 
 Status GlooCommunicator::SetUpHierarchy(RoundStore* store, ShmPlan* plan) {
   if (!SomeHostShared()) return Status::Ok();
   std::unique_ptr<ShmGroup> group = std::move(plan->group);
   std::string why = plan->why;  // why this rank cannot take part (empty: it can, or it is off)
+  uint64_t token = 0;
+  const bool offered = topo_.local_size > 1 && plan->want &&
+                       ShmGroup::ParseReuse(plan->description, &token);
+  bool missing = false;  // its host reuses a segment this rank does not hold
   if (topo_.local_size > 1 && topo_.local_rank != 0 && plan->want &&
       plan->description != "off") {
-    auto opened = ShmGroup::Open(plan->description, topo_.local_rank, topo_.local_size);
-    if (opened.ok()) {
-      group = std::move(opened).value();
+    std::unique_ptr<ShmGroup> kept = options_.shm_keeper ? options_.shm_keeper->Take() : nullptr;
+    if (offered) {
+      if (kept && kept->token() == token && kept->Fits(topo_.local_size)) {
+        kept->Reuse(topo_.local_rank, topo_.local_size);
+        group = std::move(kept);
+      } else {
+        missing = true;
+      }
     } else {
-      why = opened.status().message();
+      kept.reset();  // a new segment replaces it
+      auto opened = ShmGroup::Open(plan->description, topo_.local_rank, topo_.local_size);
+      if (opened.ok()) {
+        group = std::move(opened).value();
+      } else {
+        why = opened.status().message();
+      }
     }
   }
-  // A rank alone on its host takes part when it wants to; one that shares its host, when it
-  // holds the segment.
-  const int64_t ok = plan->want && (topo_.local_size == 1 || group) ? 1 : 0;
+  // 2: this rank takes part (alone on its host, or holding the segment); 1: it would, but its
+  // host reuses a segment it does not hold (it is new there); 0: it cannot, or it is off.
+  int64_t vote = 0;
+  if (plan->want) vote = topo_.local_size == 1 || group ? 2 : missing ? 1 : 0;
   {
     std::lock_guard<std::mutex> g(abort_mu_);
     if (aborted_.load()) return Aborted("the communicator was aborted while connecting");
@@ -673,11 +776,22 @@ Status GlooCommunicator::SetUpHierarchy(RoundStore* store, ShmPlan* plan) {
   // Every rank agrees, and on the chunk: the cross-host ring reduces a chunk at a time, so
   // every host must cut the same chunks (the smallest slot). After it every local rank has
   // mapped the segment, so its name can go.
-  int64_t agree[2] = {ok, shm_ ? static_cast<int64_t>(shm_->slot_bytes()) : INT64_MAX};
+  int64_t agree[2] = {vote, shm_ ? static_cast<int64_t>(shm_->slot_bytes()) : INT64_MAX};
   AgreeMin(agree, 2);
+  if (agree[0] == 1) {
+    // A rank new to its host's reused segment: the hosts that reused one make a new one, and
+    // every rank agrees again.
+    if (offered) {
+      RETURN_IF_ERROR(ReplaceReusedSegment(
+          store, "shm/" + std::to_string(topo_.cross_rank) + "/new", &why));
+    }
+    agree[0] = plan->want && (topo_.local_size == 1 || shm_) ? 2 : 0;
+    agree[1] = shm_ ? static_cast<int64_t>(shm_->slot_bytes()) : INT64_MAX;
+    AgreeMin(agree, 2);
+  }
   if (shm_) shm_->Unlink();
   chunk_bytes_ = static_cast<size_t>(agree[1]);
-  if (!agree[0]) {
+  if (agree[0] != 2) {
     if (!why.empty()) {
       spdlog::info("hierarchical shared-memory allreduce off for this round: {}", why);
     }
@@ -700,6 +814,40 @@ Status GlooCommunicator::SetUpHierarchy(RoundStore* store, ShmPlan* plan) {
     RETURN_IF_ERROR(c->Connect(&prefixed));
   }
   hier_ = true;
+  return Status::Ok();
+}
+
+Status GlooCommunicator::ReplaceReusedSegment(RoundStore* store, const std::string& key,
+                                              std::string* why) {
+  {
+    std::lock_guard<std::mutex> g(abort_mu_);
+    shm_.reset();
+  }
+  std::unique_ptr<ShmGroup> group;
+  if (topo_.local_rank == 0) {
+    auto made = ShmGroup::Create(topo_.local_size, AskedSlotBytes());
+    std::string description = "off";
+    if (made.ok()) {
+      group = std::move(made).value();
+      description = group->Describe();
+    } else {
+      *why = made.status().message();
+    }
+    RETURN_IF_ERROR(store->Set(key, description));
+  } else {
+    ASSIGN_OR_RETURN(std::vector<std::string> got, store->Get({key}, options_.connect_timeout));
+    if (got.size() == 1 && got[0] != "off") {
+      auto opened = ShmGroup::Open(got[0], topo_.local_rank, topo_.local_size);
+      if (opened.ok()) {
+        group = std::move(opened).value();
+      } else {
+        *why = opened.status().message();
+      }
+    }
+  }
+  std::lock_guard<std::mutex> g(abort_mu_);
+  if (aborted_.load()) return Aborted("the communicator was aborted while connecting");
+  shm_ = std::move(group);
   return Status::Ok();
 }
 

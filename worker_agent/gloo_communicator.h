@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/socket.h>
+
 #include "common/common.h"
 #include "worker_agent/store.h"
 
@@ -19,6 +21,7 @@ namespace elastic::worker_agent {
 
 class AbortableContext;
 class ShmGroup;
+class ShmKeeper;
 
 struct Topology {
   int rank = 0;
@@ -44,7 +47,16 @@ struct GlooOptions {
   // off for all). ELASTIC_SHM_ALLREDUCE=0 in the environment turns it off too.
   bool shm = true;
   size_t shm_slot_bytes = 0;  // 0: ShmGroup::DefaultSlotBytes
+  // Where this process keeps its segment between rounds (the Agent has one; null: a new
+  // segment every round). A later round of the same processes on a host reuses it.
+  std::shared_ptr<ShmKeeper> shm_keeper;
 };
+
+// Finds this process's connected TCP sockets whose peer is one of `peers` or whose own
+// address is one of `own`, and makes them close with a reset instead of leaving a minute of
+// TIME_WAIT behind (SO_LINGER 0). Returns how many. GlooCommunicator calls it on its pairs.
+int ResetPairsOnClose(const std::vector<struct sockaddr_storage>& peers,
+                      const std::vector<struct sockaddr_storage>& own);
 
 // The ranks `rank` connects to in a communicator of `size`: those at distances +-2^k (mod
 // size). Gloo's ring allreduce, allgather and allgatherv use +-1, its broadcast (a binomial
@@ -91,6 +103,9 @@ class GlooCommunicator : public Communicator {
 
   // Whether Allreduce goes through shared memory within hosts (GlooOptions::shm).
   bool hierarchical() const { return hier_; }
+  // The token of the shared-memory segment this rank uses (0: none); the same token in two
+  // rounds means the later one reused the segment (GlooOptions::shm_keeper).
+  uint64_t shm_token() const;
 
   // For the driver's hang detection (thread-safe): collectives started on this communicator,
   // and whether one is running now.
@@ -108,8 +123,9 @@ class GlooCommunicator : public Communicator {
   struct ShmPlan {
     bool want = false;                // not turned off (option or ELASTIC_SHM_ALLREDUCE=0)
     std::string fetch_key;            // local ranks but 0: the key of local rank 0's segment
-    std::string description;          // its value, fetched with the peers' addresses
-    std::unique_ptr<ShmGroup> group;  // local rank 0: the segment it made
+    std::string description;          // its value, fetched with the peers' addresses (local
+                                      // rank 0: what it published)
+    std::unique_ptr<ShmGroup> group;  // local rank 0: the segment it made or reuses
     std::string why;                  // why this rank cannot take part, if it cannot
   };
   // Some host has more than one rank (every rank knows: fewer hosts than ranks): the
@@ -120,6 +136,11 @@ class GlooCommunicator : public Communicator {
   Status PlanShm(RoundStore* store, ShmPlan* plan);
   Status ConnectPairs(RoundStore* store, const std::string& extra_key, std::string* extra_value);
   Status SetUpHierarchy(RoundStore* store, ShmPlan* plan);
+  // After an agreement that found a rank new to its host's reused segment: the hosts that
+  // offered one make a new segment (local rank 0) and map it (the others); installs it.
+  Status ReplaceReusedSegment(RoundStore* store, const std::string& key, std::string* why);
+  // The slot size asked for (option, else ELASTIC_SHM_SLOT_BYTES; 0: the default).
+  size_t AskedSlotBytes() const;
   // Elementwise min of `n` values over every rank, by dissemination over the pairs at
   // distances 1, 2, 4, ... (log2(size) rounds, where the ring takes 2(size-1) steps): the
   // agreement on the shared-memory path while a round connects.

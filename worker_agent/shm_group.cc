@@ -18,7 +18,7 @@ namespace elastic::worker_agent {
 namespace {
 
 constexpr uint64_t kMagic = 0x31686d7363616c65ull;  // "elacshm1"
-constexpr size_t kHeaderBytes = 4096;
+constexpr size_t kHeaderBytes = 8192;
 
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, Duration timeout) {
   auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
@@ -46,11 +46,15 @@ struct ShmGroup::Header {
   uint64_t magic;
   uint64_t token;
   uint64_t slot_bytes;
-  uint32_t local_size;
+  uint32_t capacity;  // the local ranks it was made for: the most a round may use
   alignas(64) std::atomic<uint32_t> arrived;
   alignas(64) std::atomic<uint32_t> generation;
   std::atomic<uint32_t> aborted;
-  alignas(64) std::atomic<int32_t> pids[kMaxLocalSize];
+  alignas(64) std::atomic<int32_t> pids[kMaxLocalSize];  // this round's local ranks
+  // The processes that mapped it (only the first round's can: the name goes after it), and
+  // whether each one's collectives on it are over (Quiesce; Reuse clears it).
+  std::atomic<int32_t> mapper_pids[kMaxLocalSize];
+  std::atomic<uint8_t> quiet[kMaxLocalSize];
 };
 static_assert(sizeof(std::atomic<uint32_t>) == 4 && std::atomic<uint32_t>::is_always_lock_free,
               "the barrier's futex word must be a plain lock-free 32-bit word");
@@ -68,6 +72,7 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Create(int local_size, size_t slot
     return InvalidArgument("a shared-memory group holds 1 to " + std::to_string(kMaxLocalSize) +
                            " local ranks, not " + std::to_string(local_size));
   }
+  static_assert(sizeof(Header) <= kHeaderBytes, "the header outgrew its pages");
   if (slot_bytes == 0) slot_bytes = DefaultSlotBytes(local_size);
   if (slot_bytes > (256u << 20)) {
     return InvalidArgument("a shared-memory slot of " + std::to_string(slot_bytes) +
@@ -84,6 +89,7 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Create(int local_size, size_t slot
   g->owner_ = true;
   g->local_rank_ = 0;
   g->local_size_ = local_size;
+  g->capacity_ = local_size;
   g->slot_bytes_ = slot_bytes;
   g->bytes_ = kHeaderBytes + 2 * static_cast<size_t>(local_size) * slot_bytes;
   int fd = shm_open(g->name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -108,8 +114,9 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Create(int local_size, size_t slot
   g->header_->magic = kMagic;
   g->header_->token = g->token_;
   g->header_->slot_bytes = slot_bytes;
-  g->header_->local_size = static_cast<uint32_t>(local_size);
+  g->header_->capacity = static_cast<uint32_t>(local_size);
   g->header_->pids[0].store(getpid());
+  g->header_->mapper_pids[0].store(getpid());
   return g;
 }
 
@@ -134,6 +141,7 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Open(const std::string& descriptio
   g->token_ = token;
   g->local_rank_ = local_rank;
   g->local_size_ = local_size;
+  g->capacity_ = local_size;
   g->slot_bytes_ = slot_bytes;
   g->bytes_ = kHeaderBytes + 2 * static_cast<size_t>(local_size) * slot_bytes;
   int fd = shm_open(name.c_str(), O_RDWR, 0);
@@ -152,15 +160,64 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Open(const std::string& descriptio
   g->base_ = p;
   g->header_ = static_cast<Header*>(p);
   if (g->header_->magic != kMagic || g->header_->token != token ||
-      g->header_->local_size != static_cast<uint32_t>(local_size) ||
+      g->header_->capacity != static_cast<uint32_t>(local_size) ||
       g->header_->slot_bytes != slot_bytes) {
     return Unavailable("shared-memory segment " + name + " is not the one local rank 0 made");
   }
+  g->mapper_ = local_rank;
   g->header_->pids[local_rank].store(getpid());
+  g->header_->mapper_pids[local_rank].store(getpid());
   return g;
 }
 
+std::string ShmGroup::DescribeReuse() const {
+  std::ostringstream out;
+  out << "reuse " << std::hex << token_;
+  return out.str();
+}
+
+bool ShmGroup::ParseReuse(const std::string& description, uint64_t* token) {
+  std::istringstream in(description);
+  std::string word;
+  uint64_t t = 0;
+  in >> word >> std::hex >> t;
+  if (!in || word != "reuse" || t == 0) return false;
+  *token = t;
+  return true;
+}
+
+void ShmGroup::Quiesce() {
+  if (header_) header_->quiet[mapper_].store(1, std::memory_order_release);
+}
+
+bool ShmGroup::AllMappersQuiet() const {
+  for (uint32_t m = 0; m < header_->capacity; ++m) {
+    if (header_->quiet[m].load(std::memory_order_acquire)) continue;
+    int32_t pid = header_->mapper_pids[m].load();
+    if (pid <= 0) continue;  // that local rank never mapped it
+    if (kill(pid, 0) != 0 && errno == ESRCH) continue;  // gone: it writes no more
+    return false;
+  }
+  return true;
+}
+
+void ShmGroup::Reuse(int local_rank, int local_size) {
+  if (local_rank == 0) {
+    // Every process that mapped it is quiet or gone (AllMappersQuiet): nothing is inside a
+    // barrier or a copy, so the barrier, the abort flag and the pid table start afresh.
+    header_->arrived.store(0);
+    header_->aborted.store(0);
+    for (auto& pid : header_->pids) pid.store(0);
+  }
+  local_rank_ = local_rank;
+  local_size_ = local_size;
+  header_->quiet[mapper_].store(0);
+  header_->pids[local_rank].store(getpid());
+}
+
 ShmGroup::~ShmGroup() {
+  // Unmapped, this process can write into it no more: as quiet as a process that is gone.
+  Quiesce();
   if (base_) munmap(base_, bytes_);
   Unlink();
 }
@@ -182,6 +239,18 @@ std::string ShmGroup::Describe() const {
 char* ShmGroup::slot(int half, int local_rank) const {
   return static_cast<char*>(base_) + kHeaderBytes +
          (static_cast<size_t>(half) * local_size_ + local_rank) * slot_bytes_;
+}
+
+void ShmKeeper::Keep(std::unique_ptr<ShmGroup> group) {
+  group->Unlink();
+  group->Quiesce();
+  std::lock_guard<std::mutex> g(mu_);
+  kept_ = std::move(group);
+}
+
+std::unique_ptr<ShmGroup> ShmKeeper::Take() {
+  std::lock_guard<std::mutex> g(mu_);
+  return std::move(kept_);
 }
 
 void ShmGroup::CheckPeersAlive() const {

@@ -9,12 +9,20 @@
 // Local rank 0 creates the segment (Create) under a random name and publishes Describe()
 // through the round's store; the others Open() it. The creator unlinks the name once every
 // local rank has it mapped (Unlink), so nothing is left in /dev/shm when processes die.
+//
+// A segment can serve later rounds of the same processes (ShmKeeper): mapping a new one in
+// every local rank, and the first touch of each of its pages, is most of a round change's
+// cost on a host with many ranks. Local rank 0 offers it (DescribeReuse) only when every
+// process that ever mapped it is quiet (its communicator is gone, Quiesce) or dead
+// (AllMappersQuiet): a removed worker that is alive, stopped in the middle of a copy into its
+// slot, could otherwise write into a slot of the new round.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "common/common.h"
@@ -42,6 +50,21 @@ class ShmGroup {
 
   // What the others pass to Open(): the segment's name, a random token and its geometry.
   std::string Describe() const;
+  // What local rank 0 publishes when a new round reuses this segment: "reuse <token>"; the
+  // others take theirs from their ShmKeeper when it has the same token.
+  std::string DescribeReuse() const;
+  static bool ParseReuse(const std::string& description, uint64_t* token);
+  uint64_t token() const { return token_; }
+  // Whether a round of `local_size` ranks fits (no more than the segment was made for).
+  bool Fits(int local_size) const { return local_size >= 1 && local_size <= capacity_; }
+  // This process's collectives on the segment are over (its communicator is gone).
+  void Quiesce();
+  // Local rank 0, before offering the segment to a new round: every process that mapped it is
+  // quiet or gone.
+  bool AllMappersQuiet() const;
+  // Takes part in a new round as `local_rank` of `local_size`. Local rank 0 calls it first
+  // (before it publishes DescribeReuse; it resets the barrier), the others after.
+  void Reuse(int local_rank, int local_size);
   // Removes the segment's name (the creator, once every local rank has mapped it). Idempotent.
   void Unlink();
 
@@ -63,6 +86,8 @@ class ShmGroup {
   void CheckPeersAlive() const;
 
   std::string name_;
+  int mapper_ = 0;  // this process's index among those that mapped it (its first local rank)
+  int capacity_ = 1;
   bool owner_ = false;
   bool unlinked_ = false;
   uint64_t token_ = 0;
@@ -72,6 +97,18 @@ class ShmGroup {
   size_t bytes_ = 0;
   void* base_ = nullptr;
   Header* header_ = nullptr;
+};
+
+// Keeps a process's segment from one round to the next (GlooOptions::shm_keeper): a
+// communicator that goes without an abandoned collective hands its segment over, quiet.
+class ShmKeeper {
+ public:
+  void Keep(std::unique_ptr<ShmGroup> group);  // replaces (unmaps) the one kept before
+  std::unique_ptr<ShmGroup> Take();            // the kept one, or null
+
+ private:
+  std::mutex mu_;
+  std::unique_ptr<ShmGroup> kept_;
 };
 
 }  // namespace elastic::worker_agent

@@ -5,6 +5,9 @@
 #include <arpa/inet.h>
 #include <gloo/transport/tcp/address.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,11 +16,16 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <fstream>
 #include <future>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "rendezvous/rendezvous.h"
+#include "worker_agent/shm_group.h"
+
+extern char** environ;
 
 namespace elastic::worker_agent {
 namespace {
@@ -623,6 +631,157 @@ TEST_CASE("gloo: a local rank that never comes fails the others at the collectiv
   CHECK(failures.empty());
   for (auto& f : failures) WARN(f);
   CHECK(lost.load() == 2);
+}
+
+// Rounds one after another of ranks on one host, each rank with the ShmKeeper of the process
+// it stands for (`who[i]`: the keeper of rank i), as when workers survive from round to round.
+TEST_CASE("gloo: a later round of the same local ranks reuses their shared-memory segment",
+          "[unit]") {
+  std::vector<std::shared_ptr<ShmKeeper>> keepers;
+  for (int i = 0; i < 5; ++i) keepers.push_back(std::make_shared<ShmKeeper>());
+  auto round = [&](const std::vector<int>& who) {
+    std::vector<uint64_t> tokens(who.size(), 0);
+    auto failures = RunLayout(
+        {static_cast<int>(who.size())},
+        [&](GlooCommunicator& c) {
+          if (!c.hierarchical()) throw std::runtime_error("not hierarchical");
+          AllDtypes(c, ReduceOp::kSum, 3000);  // several chunks of 4 KiB slots
+          AllDtypes(c, ReduceOp::kMax, 1);
+          tokens[c.rank()] = c.shm_token();
+        },
+        [&](int rank, GlooOptions& o) {
+          o.shm_keeper = keepers[who[rank]];
+          o.shm_slot_bytes = 4096;
+        });
+    CHECK(failures.empty());
+    for (auto& f : failures) WARN(f);
+    for (uint64_t t : tokens) CHECK(t == tokens[0]);
+    CHECK(tokens[0] != 0);
+    return tokens[0];
+  };
+  const uint64_t a = round({0, 1, 2, 3});
+  // One member gone (its process keeps the segment, quiet): the survivors reuse it.
+  CHECK(round({0, 1, 2}) == a);
+  // A newcomer (keeper 4) as local rank 3: it cannot reuse what it never mapped, so the host
+  // makes a new segment and every rank agrees again.
+  const uint64_t c = round({0, 1, 2, 4});
+  CHECK(c != a);
+  // The newcomer as local rank 0 now holds the newest segment with the others: reused.
+  CHECK(round({4, 0, 1}) == c);
+  // Local rank 0 offers the segment of round a (keeper 3 kept it), which the others no longer
+  // hold: a new one.
+  const uint64_t e = round({3, 0, 1});
+  CHECK(e != a);
+  CHECK(e != c);
+}
+
+// Maps the segment described in ELASTIC_TEST_SHM as local rank ELASTIC_TEST_SHM_RANK, then
+// stops itself: a worker removed from the round but alive, stopped in the middle of a copy.
+// Run as a child process by the test below.
+TEST_CASE("shm child: maps a segment, then stops", "[.shm_child]") {
+  const char* description = std::getenv("ELASTIC_TEST_SHM");
+  const char* rank = std::getenv("ELASTIC_TEST_SHM_RANK");
+  if (!description || !rank) return;
+  std::istringstream in(description);
+  std::string name, token, slot;
+  int size = 0;
+  in >> name >> token >> slot >> size;
+  auto g = ShmGroup::Open(description, std::atoi(rank), size);
+  if (!g.ok()) _exit(3);
+  raise(SIGSTOP);
+  _exit(0);
+}
+
+TEST_CASE("shm: a segment is offered again only when every process that mapped it is quiet or gone",
+          "[unit]") {
+  auto made = ShmGroup::Create(3, 4096);
+  REQUIRE(made.ok());
+  std::unique_ptr<ShmGroup> g0 = std::move(made).value();
+  auto opened = ShmGroup::Open(g0->Describe(), 1, 3);
+  REQUIRE(opened.ok());
+  std::unique_ptr<ShmGroup> g1 = std::move(opened).value();
+  // Local rank 2 is another process: it maps the segment and stops.
+  std::string desc = "ELASTIC_TEST_SHM=" + g0->Describe();
+  std::string rank = "ELASTIC_TEST_SHM_RANK=2";
+  std::vector<char*> env;
+  for (char** e = environ; *e; ++e) env.push_back(*e);
+  env.push_back(desc.data());
+  env.push_back(rank.data());
+  env.push_back(nullptr);
+  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::string tag = "[.shm_child]";
+  char* argv[] = {self.data(), tag.data(), nullptr};
+  pid_t child = -1;
+  REQUIRE(posix_spawn(&child, self.c_str(), nullptr, nullptr, argv, env.data()) == 0);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, WUNTRACED) == child);
+  REQUIRE(WIFSTOPPED(status));
+  // This process's two mappings are done with it; the stopped one could still write.
+  g0->Quiesce();
+  g1->Quiesce();
+  CHECK_FALSE(g0->AllMappersQuiet());
+  kill(child, SIGKILL);
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(g0->AllMappersQuiet());  // gone: it writes no more
+  // Taking part in a round makes a mapper busy again, until its communicator goes (Quiesce)
+  // or it unmaps the segment.
+  g0->Reuse(0, 2);
+  g1->Reuse(1, 2);
+  CHECK_FALSE(g0->AllMappersQuiet());
+  g1.reset();
+  g0->Quiesce();
+  CHECK(g0->AllMappersQuiet());
+}
+
+// Whether /proc/net/tcp lists a socket in TIME_WAIT on local port `port` (either side).
+bool TimeWaitOnPort(uint16_t port) {
+  std::ifstream in("/proc/net/tcp");
+  std::string line;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string sl, local, remote, state;
+    f >> sl >> local >> remote >> state;
+    auto port_of = [](const std::string& a) {
+      return static_cast<uint16_t>(std::stoul(a.substr(a.find(':') + 1), nullptr, 16));
+    };
+    if (state == "06" && (port_of(local) == port || port_of(remote) == port)) return true;
+  }
+  return false;
+}
+
+TEST_CASE("gloo: pair sockets close with a reset, leaving no TIME_WAIT", "[unit]") {
+  // A listening socket and a connection to it, as a Gloo pair has; closed by both sides at
+  // once, as when a round ends. With ResetPairsOnClose nothing stays in TIME_WAIT; without it
+  // (the control) the side that closed first keeps the connection there.
+  auto connection = [](bool reset) {
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(listen(lfd, 1) == 0);
+    socklen_t len = sizeof addr;
+    getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len);
+    int cfd = socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(connect(cfd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    int afd = accept(lfd, nullptr, nullptr);
+    REQUIRE(afd >= 0);
+    close(lfd);
+    sockaddr_storage ss{};
+    std::memcpy(&ss, &addr, sizeof addr);
+    if (reset) {
+      // The connecting side finds its socket by the peer's address, the accepting side by
+      // its own.
+      CHECK(ResetPairsOnClose({ss}, {}) == 1);
+      CHECK(ResetPairsOnClose({}, {ss}) == 1);
+    }
+    close(cfd);
+    close(afd);
+    return ntohs(addr.sin_port);
+  };
+  CHECK(TimeWaitOnPort(connection(false)));
+  CHECK_FALSE(TimeWaitOnPort(connection(true)));
 }
 
 }  // namespace
