@@ -308,8 +308,24 @@ int main(int argc, char** argv) {
       g_separate = true;
     } else if (std::string(argv[i]) == "--async") {
       g_async = true;
+    } else if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::printf("usage: rendezvous_bench [--full-mesh] [--separate] [--async] [N ...]\n"
+                  "  N simulated workers (1 to 4096 each; default 16 64 256 1024) join a round,\n"
+                  "  then Set their pair addresses and Get their Gloo peers' keys; round 0\n"
+                  "  connects the channels, round 1 reuses them.\n"
+                  "  --full-mesh  Get all N keys (the old full-mesh pattern)\n"
+                  "  --separate   a Set then a Get (the pattern before SetAndGet)\n"
+                  "  --async      the calls from one thread (gRPC callback API), not a thread each\n");
+      return 0;
     } else {
-      sizes.push_back(std::atoi(argv[i]));
+      char* end = nullptr;
+      long n = std::strtol(argv[i], &end, 10);
+      if (end == argv[i] || *end != '\0' || n < 1 || n > 4096) {
+        std::fprintf(stderr, "rendezvous_bench: '%s' is neither an option nor a worker count "
+                             "(1 to 4096); see --help\n", argv[i]);
+        return 2;
+      }
+      sizes.push_back(static_cast<int>(n));
     }
   }
   if (sizes.empty()) sizes = {16, 64, 256, 1024};
