@@ -240,9 +240,13 @@ void Policy::Replan(const std::string& reason) {
                            {"removed", propose.removed},
                            {"reason", reason}});
   Emit(std::move(propose));
-  // Fence the old round: survivors stop at their next commit.
+  // Fence the old round: survivors stop at their next commit. Members of a formed round that
+  // were told to abort it have stopped already: the fence would be a second message to each,
+  // sent by a driver that then has the next round to serve (at 128 workers the two loops of
+  // publishes took 0.15-0.25 s of its time).
+  const bool all_aborted = old_round >= 0 && old_round == formed_ && aborted_ == formed_;
   for (const auto& slot : old) {
-    if (alive(slot)) {
+    if (alive(slot) && !all_aborted) {
       Action a;
       a.kind = Action::kPublish;
       a.slot = slot;

@@ -579,6 +579,25 @@ TEST_CASE("policy: state lost fails the job and says how to start over", "[unit]
   CHECK_THAT(job.policy->final_message(), Catch::Contains("--start-over-if-state-lost"));
 }
 
+TEST_CASE("policy: a failed member's survivors get one ABORT each, no fence after it", "[unit]") {
+  // The survivors of a formed round are told to abort it; the next round's proposal does not
+  // fence them again (they have stopped), so the driver sends one message per survivor.
+  Job job(Static({{"a", 4}}, 4, 3));
+  job.StartFormed({{"a", 4}}, {"a:0", "a:1", "a:2", "a:3"});
+  job.policy->OnExit("a:3", 137, "signal 9 (Killed)");
+  auto a = job.Take();
+  REQUIRE(Of(a, Action::kProposeRound).size() == 1);
+  std::vector<std::string> aborted;
+  for (const Action* p : Of(a, Action::kPublish)) {
+    CHECK(p->event.kind == EventKind::kAbort);
+    CHECK(p->event.round == 0);
+    aborted.push_back(p->slot);
+  }
+  std::sort(aborted.begin(), aborted.end());
+  CHECK(aborted == std::vector<std::string>{"a:0", "a:1", "a:2"});
+  CHECK(Events(a, "fence").size() == 1);  // the event log still says the round was fenced
+}
+
 TEST_CASE("policy: a member that leaves its round on its own makes its peers re-form",
           "[unit]") {
   Job job(Static({{"a", 3}}, 3, 1));
