@@ -778,7 +778,8 @@ Status GlooCommunicator::SetUpHierarchy(RoundStore* store, ShmPlan* plan) {
   // mapped the segment, so its name can go.
   int64_t agree[2] = {vote, shm_ ? static_cast<int64_t>(shm_->slot_bytes()) : INT64_MAX};
   AgreeMin(agree, 2);
-  if (agree[0] == 1) {
+  const bool replaced = agree[0] == 1;
+  if (replaced) {
     // A rank new to its host's reused segment: the hosts that reused one make a new one, and
     // every rank agrees again.
     if (offered) {
@@ -814,6 +815,13 @@ Status GlooCommunicator::SetUpHierarchy(RoundStore* store, ShmPlan* plan) {
     RETURN_IF_ERROR(c->Connect(&prefixed));
   }
   hier_ = true;
+  if (topo_.local_rank == 0 && topo_.local_size > 1) {
+    spdlog::debug("rank {}: shared-memory segment {:x} for {} local ranks: {}", topo_.rank,
+                  shm_->token(), topo_.local_size,
+                  offered && !replaced ? "kept from an earlier round"
+                  : replaced           ? "new (a rank was new to some host's kept one)"
+                                       : "new");
+  }
   return Status::Ok();
 }
 
