@@ -701,6 +701,27 @@ size_t GlooCommunicator::AskedSlotBytes() const {
   return slot;
 }
 
+std::string GlooCommunicator::NewSegment(std::unique_ptr<ShmGroup>* group,
+                                         std::string* why) const {
+  auto made = ShmGroup::Create(topo_.local_size, AskedSlotBytes());
+  if (!made.ok()) {
+    *why = made.status().message();
+    return "off";
+  }
+  *group = std::move(made).value();
+  return (*group)->Describe();
+}
+
+std::unique_ptr<ShmGroup> GlooCommunicator::OpenSegment(const std::string& description,
+                                                        std::string* why) const {
+  auto opened = ShmGroup::Open(description, topo_.local_rank, topo_.local_size);
+  if (!opened.ok()) {
+    *why = opened.status().message();
+    return nullptr;
+  }
+  return std::move(opened).value();
+}
+
 Status GlooCommunicator::PlanShm(RoundStore* store, ShmPlan* plan) {
   if (!SomeHostShared()) return Status::Ok();
   const char* env = std::getenv("ELASTIC_SHM_ALLREDUCE");
@@ -724,13 +745,7 @@ Status GlooCommunicator::PlanShm(RoundStore* store, ShmPlan* plan) {
       plan->group = std::move(kept);
     } else {
       kept.reset();  // unmapped before a new one is made
-      auto made = ShmGroup::Create(topo_.local_size, slot);
-      if (made.ok()) {
-        plan->group = std::move(made).value();
-        plan->description = plan->group->Describe();
-      } else {
-        plan->why = made.status().message();
-      }
+      plan->description = NewSegment(&plan->group, &plan->why);
     }
   }
   return store->Set(key, plan->description);
@@ -756,12 +771,7 @@ Status GlooCommunicator::SetUpHierarchy(RoundStore* store, ShmPlan* plan) {
       }
     } else {
       kept.reset();  // a new segment replaces it
-      auto opened = ShmGroup::Open(plan->description, topo_.local_rank, topo_.local_size);
-      if (opened.ok()) {
-        group = std::move(opened).value();
-      } else {
-        why = opened.status().message();
-      }
+      group = OpenSegment(plan->description, &why);
     }
   }
   // 2: this rank takes part (alone on its host, or holding the segment); 1: it would, but its
@@ -833,25 +843,10 @@ Status GlooCommunicator::ReplaceReusedSegment(RoundStore* store, const std::stri
   }
   std::unique_ptr<ShmGroup> group;
   if (topo_.local_rank == 0) {
-    auto made = ShmGroup::Create(topo_.local_size, AskedSlotBytes());
-    std::string description = "off";
-    if (made.ok()) {
-      group = std::move(made).value();
-      description = group->Describe();
-    } else {
-      *why = made.status().message();
-    }
-    RETURN_IF_ERROR(store->Set(key, description));
+    RETURN_IF_ERROR(store->Set(key, NewSegment(&group, why)));
   } else {
     ASSIGN_OR_RETURN(std::vector<std::string> got, store->Get({key}, options_.connect_timeout));
-    if (got.size() == 1 && got[0] != "off") {
-      auto opened = ShmGroup::Open(got[0], topo_.local_rank, topo_.local_size);
-      if (opened.ok()) {
-        group = std::move(opened).value();
-      } else {
-        *why = opened.status().message();
-      }
-    }
+    if (got.size() == 1 && got[0] != "off") group = OpenSegment(got[0], why);
   }
   std::lock_guard<std::mutex> g(abort_mu_);
   if (aborted_.load()) return Aborted("the communicator was aborted while connecting");

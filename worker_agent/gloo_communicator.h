@@ -141,6 +141,11 @@ class GlooCommunicator : public Communicator {
   Status ReplaceReusedSegment(RoundStore* store, const std::string& key, std::string* why);
   // The slot size asked for (option, else ELASTIC_SHM_SLOT_BYTES; 0: the default).
   size_t AskedSlotBytes() const;
+  // Local rank 0: a new segment for this round into `group`, and what to publish: its
+  // description, or "off" with the reason in `why`.
+  std::string NewSegment(std::unique_ptr<ShmGroup>* group, std::string* why) const;
+  // The other local ranks: the segment `description` mapped, or null with the reason in `why`.
+  std::unique_ptr<ShmGroup> OpenSegment(const std::string& description, std::string* why) const;
   // Elementwise min of `n` values over every rank, by dissemination over the pairs at
   // distances 1, 2, 4, ... (log2(size) rounds, where the ring takes 2(size-1) steps): the
   // agreement on the shared-memory path while a round connects.
