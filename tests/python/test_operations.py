@@ -104,8 +104,16 @@ def test_status_and_metrics_list_the_warm_spares(elastic_run, example, tmp_path)
                "--step-ms", "20"])
     try:
         job.wait_for(r"spare in slot localhost:2: initialised")
+        # The spare can be waiting before round 0 has formed: the members are those of the
+        # formed round, so wait for it (the status follows the driver's event log).
+        job.wait_for(r"round 0 formed")
         url = re.search(r"metrics on (http://\S+)", job.text()).group(1)
-        doc = json.loads(status(elastic_run, job_file, "--json").stdout)
+        deadline = time.monotonic() + 10
+        while True:
+            doc = json.loads(status(elastic_run, job_file, "--json").stdout)
+            if doc["members"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert doc["spares"] == [{"slot": "localhost:2", "pid": worker_pid(log, "localhost:2")}]
         assert [m["slot"] for m in doc["members"]] == ["localhost:0", "localhost:1"], doc
         p = status(elastic_run, job_file)
