@@ -10,7 +10,8 @@
 // callback API from one thread: the client side then costs what N processes on other machines
 // would not put on this one, N threads scheduled on 2 cores.
 //
-//   build/bench/rendezvous_bench [--full-mesh] [--separate] [--async] [N ...]
+//   build/bench/rendezvous_bench [--full-mesh] [--separate] [--async] [--whole-addresses]
+//                                [N ...]
 //                                                           (default: 16 64 256 1024)
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -130,10 +131,25 @@ std::vector<std::string> KeysOf(int i, int n) {
   return keys;
 }
 
-// What worker i publishes: a pair address is ~140 bytes (Gloo's tcp::Address), one per key
-// it asks for.
+bool g_whole_addresses = false;
+
+// What worker i publishes: one pair address (Gloo's tcp::Address, 136 bytes) per key it asks
+// for, the pairs' addresses differing in their port, encoded as the communicator does
+// (EncodeAddresses: the first whole, the others as differences). --whole-addresses: each
+// address whole with its peer and length (148 bytes a peer), the encoding before.
 std::string AddressesOf(int i, size_t keys) {
-  return std::string(140 * keys, static_cast<char>('a' + i % 26));
+  if (g_whole_addresses) return std::string(148 * keys, static_cast<char>('a' + i % 26));
+  std::vector<std::pair<int, std::vector<char>>> mine;
+  for (size_t k = 0; k < keys; ++k) {
+    std::vector<char> a(136, 0);
+    a[0] = 2;  // AF_INET
+    a[2] = static_cast<char>((40000 + i * 32 + k) >> 8);
+    a[3] = static_cast<char>(40000 + i * 32 + k);
+    a[4] = 127;
+    a[7] = 1;
+    mine.emplace_back(static_cast<int>(k), a);
+  }
+  return elastic::worker_agent::EncodeAddresses(mine);
 }
 
 // One simulated worker of --async: its Client's channel, and the calls of a phase in flight.
@@ -306,16 +322,21 @@ int main(int argc, char** argv) {
       g_full_mesh = true;
     } else if (std::string(argv[i]) == "--separate") {
       g_separate = true;
+    } else if (std::string(argv[i]) == "--whole-addresses") {
+      g_whole_addresses = true;
     } else if (std::string(argv[i]) == "--async") {
       g_async = true;
     } else if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
-      std::printf("usage: rendezvous_bench [--full-mesh] [--separate] [--async] [N ...]\n"
+      std::printf("usage: rendezvous_bench [--full-mesh] [--separate] [--async] "
+                  "[--whole-addresses] [N ...]\n"
                   "  N simulated workers (1 to 4096 each; default 16 64 256 1024) join a round,\n"
                   "  then Set their pair addresses and Get their Gloo peers' keys; round 0\n"
                   "  connects the channels, round 1 reuses them.\n"
                   "  --full-mesh  Get all N keys (the old full-mesh pattern)\n"
                   "  --separate   a Set then a Get (the pattern before SetAndGet)\n"
-                  "  --async      the calls from one thread (gRPC callback API), not a thread each\n");
+                  "  --async      the calls from one thread (gRPC callback API), not a thread each\n"
+                  "  --whole-addresses  publish each pair address whole (148 bytes a peer), as\n"
+                  "               before the addresses were sent as differences\n");
       return 0;
     } else {
       char* end = nullptr;

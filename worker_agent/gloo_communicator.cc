@@ -223,36 +223,110 @@ void Signal(const std::shared_ptr<void>& pairs, const std::string& msg) {
   if (pairs) SignalTcpContext(static_cast<gloo::transport::Context*>(pairs.get()), msg);
 }
 
-// One rank's published addresses: for each peer, its rank (4 bytes), the address length (4
-// bytes) and the address of this rank's pair for that peer.
+}  // namespace
+
+// A rank's pairs all listen on the same device, so their addresses differ in a few bytes (the
+// port and the sequence number): the first address goes out whole and each one after it as
+// the bytes where it differs from the first. At 1024 ranks that is ~20 bytes per pair instead
+// of ~150, and the rendezvous server relays ~4 MiB instead of ~57 MiB per round.
+//
+//   "GA1" | base length (u32) | base | count (u32) |
+//   count x [ peer (i32) | n (u16) | n x (offset (u16), byte) ]      n == 0xFFFF: whole address
+//                                                                     follows (u32 length, bytes)
 std::string EncodeAddresses(const std::vector<std::pair<int, std::vector<char>>>& per_peer) {
-  std::string out;
+  auto put = [](std::string& out, auto v) {
+    out.append(reinterpret_cast<const char*>(&v), sizeof v);
+  };
+  const std::vector<char> empty;
+  const std::vector<char>& base = per_peer.empty() ? empty : per_peer.front().second;
+  std::string out = "GA1";
+  put(out, static_cast<uint32_t>(base.size()));
+  out.append(base.data(), base.size());
+  put(out, static_cast<uint32_t>(per_peer.size()));
   for (const auto& [peer, a] : per_peer) {
-    int32_t r = peer;
-    uint32_t n = static_cast<uint32_t>(a.size());
-    out.append(reinterpret_cast<const char*>(&r), sizeof r);
-    out.append(reinterpret_cast<const char*>(&n), sizeof n);
-    out.append(a.data(), a.size());
+    put(out, static_cast<int32_t>(peer));
+    std::string diffs;
+    uint16_t n = 0;
+    bool whole = a.size() != base.size() || a.size() > 0xFFFF;
+    for (size_t i = 0; !whole && i < a.size(); ++i) {
+      if (a[i] == base[i]) continue;
+      if (++n == 0xFFFF) whole = true;
+      put(diffs, static_cast<uint16_t>(i));
+      diffs.push_back(a[i]);
+    }
+    if (whole) {
+      put(out, static_cast<uint16_t>(0xFFFF));
+      put(out, static_cast<uint32_t>(a.size()));
+      out.append(a.data(), a.size());
+    } else {
+      put(out, n);
+      out += diffs;
+    }
   }
   return out;
 }
 
+std::vector<char> CanonicalPairAddress(const std::vector<char>& bytes) {
+  gloo::transport::tcp::Address a(bytes);
+  const sockaddr_storage& ss = a.getSockaddr();
+  sockaddr_storage clean{};
+  size_t len = ss.ss_family == AF_INET6 ? sizeof(sockaddr_in6)
+               : ss.ss_family == AF_INET ? sizeof(sockaddr_in)
+                                         : sizeof(sockaddr_storage);
+  std::memcpy(&clean, &ss, len);
+  return gloo::transport::tcp::Address(clean, a.getSeq()).bytes();
+}
+
 StatusOr<std::vector<char>> AddressFor(const std::string& blob, int rank, int peer) {
   size_t off = 0;
-  while (true) {
+  auto get = [&](auto* v) {
+    if (blob.size() - off < sizeof *v) return false;
+    std::memcpy(v, blob.data() + off, sizeof *v);
+    off += sizeof *v;
+    return true;
+  };
+  auto bad = [&](const std::string& what) {
+    return InvalidArgument("the addresses published by rank " + std::to_string(peer) +
+                           " are malformed (" + what + ", " + std::to_string(blob.size()) +
+                           " bytes)");
+  };
+  if (blob.compare(0, 3, "GA1") != 0) return bad("no GA1 header");
+  off = 3;
+  uint32_t base_len = 0, count = 0;
+  if (!get(&base_len) || blob.size() - off < base_len) return bad("truncated first address");
+  std::vector<char> base(blob.data() + off, blob.data() + off + base_len);
+  off += base_len;
+  if (!get(&count)) return bad("no count");
+  for (uint32_t k = 0; k < count; ++k) {
     int32_t r = -1;
-    uint32_t n = 0;
-    if (off + sizeof r + sizeof n > blob.size()) break;
-    std::memcpy(&r, blob.data() + off, sizeof r);
-    std::memcpy(&n, blob.data() + off + sizeof r, sizeof n);
-    off += sizeof r + sizeof n;
-    if (off + n > blob.size()) break;
-    if (r == rank) return std::vector<char>(blob.data() + off, blob.data() + off + n);
-    off += n;
+    uint16_t n = 0;
+    if (!get(&r) || !get(&n)) return bad("truncated entry");
+    if (n == 0xFFFF) {
+      uint32_t len = 0;
+      if (!get(&len) || blob.size() - off < len) return bad("truncated whole address");
+      if (r == rank) return std::vector<char>(blob.data() + off, blob.data() + off + len);
+      off += len;
+      continue;
+    }
+    if (blob.size() - off < n * size_t{3}) return bad("truncated differences");
+    if (r != rank) {
+      off += n * size_t{3};
+      continue;
+    }
+    std::vector<char> a = base;
+    for (uint16_t d = 0; d < n; ++d) {
+      uint16_t at = 0;
+      get(&at);
+      if (at >= a.size()) return bad("difference past the address");
+      a[at] = blob[off++];
+    }
+    return a;
   }
   return InvalidArgument("rank " + std::to_string(peer) + " published no address for rank " +
                          std::to_string(rank));
 }
+
+namespace {
 
 // Whether two socket addresses are the same IP address and port.
 bool SameEndpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
@@ -606,7 +680,7 @@ Status GlooCommunicator::ConnectPairs(RoundStore* store, const std::string& extr
   std::vector<std::pair<int, std::vector<char>>> mine;
   std::vector<std::string> keys;
   for (int i : peers_to) {
-    mine.emplace_back(i, pairs->createPair(i)->address().bytes());
+    mine.emplace_back(i, CanonicalPairAddress(pairs->createPair(i)->address().bytes()));
     keys.push_back(std::to_string(i));
   }
   {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <sys/socket.h>
@@ -63,6 +64,17 @@ int ResetPairsOnClose(const std::vector<struct sockaddr_storage>& peers,
 // tree in the root's numbering) and its dissemination barrier +-2^k: about 2 log2(size) pairs
 // per rank, not size - 1. Sorted, without `rank`.
 std::vector<int> GlooPeers(int rank, int size);
+
+// What a rank publishes for its peers: for each (peer, address of this rank's pair for it),
+// the first address whole and the others as their differences from it (a few bytes each).
+std::string EncodeAddresses(const std::vector<std::pair<int, std::vector<char>>>& per_peer);
+// A pair's address (Gloo's tcp::Address bytes) with the bytes of its sockaddr_storage that the
+// address family does not use zeroed (getsockname leaves them as they were: stack garbage,
+// which differs from pair to pair and would defeat EncodeAddresses).
+std::vector<char> CanonicalPairAddress(const std::vector<char>& bytes);
+// The address that rank `peer` published (`blob`, from EncodeAddresses) for `rank`; an
+// INVALID_ARGUMENT that names `peer` when there is none or the blob is malformed.
+StatusOr<std::vector<char>> AddressFor(const std::string& blob, int rank, int peer);
 
 class GlooCommunicator : public Communicator {
  public:
