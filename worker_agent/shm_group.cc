@@ -19,6 +19,8 @@ namespace {
 
 constexpr uint64_t kMagic = 0x31686d7363616c65ull;  // "elacshm1"
 constexpr size_t kHeaderBytes = 8192;
+constexpr uint32_t kAbortedBit = 1u << 31;  // in Header::generation
+constexpr uint32_t kAbortedPeer = 1, kAbortedTimeout = 2;  // Header::aborted
 
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, Duration timeout) {
   auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
@@ -48,8 +50,9 @@ struct ShmGroup::Header {
   uint64_t slot_bytes;
   uint32_t capacity;  // the local ranks it was made for: the most a round may use
   alignas(64) std::atomic<uint32_t> arrived;
+  // The barrier's futex word: the count of barriers passed (low 31 bits) and kAbortedBit.
   alignas(64) std::atomic<uint32_t> generation;
-  std::atomic<uint32_t> aborted;
+  std::atomic<uint32_t> aborted;  // 0; kAbortedPeer; kAbortedTimeout (the first reason stays)
   alignas(64) std::atomic<int32_t> pids[kMaxLocalSize];  // this round's local ranks
   // The processes that mapped it (only the first round's can: the name goes after it), and
   // whether each one's collectives on it are over (Quiesce; Reuse clears it).
@@ -207,6 +210,7 @@ void ShmGroup::Reuse(int local_rank, int local_size) {
     // barrier or a copy, so the barrier, the abort flag and the pid table start afresh.
     header_->arrived.store(0);
     header_->aborted.store(0);
+    header_->generation.fetch_and(~kAbortedBit);
     for (auto& pid : header_->pids) pid.store(0);
   }
   local_rank_ = local_rank;
@@ -264,45 +268,69 @@ void ShmGroup::CheckPeersAlive() const {
 }
 
 void ShmGroup::Barrier(const std::atomic<bool>& aborted, TimePoint deadline) {
-  auto lost = [](const std::string& why) {
-    return WorkerLostError("shared-memory allreduce: " + why);
+  auto fail = [&] {
+    throw WorkerLostError(
+        header_->aborted.load() == kAbortedTimeout
+            ? "shared-memory allreduce: a local rank timed out waiting for the other ranks of "
+              "this host"
+            : "shared-memory allreduce: aborted (a peer is gone)");
   };
-  if (header_->aborted.load(std::memory_order_acquire) || aborted.load()) {
-    throw lost("aborted (a peer is gone)");
-  }
-  uint32_t gen = header_->generation.load(std::memory_order_acquire);
+  if (header_->aborted.load(std::memory_order_acquire) || aborted.load()) fail();
+  const uint32_t word = header_->generation.load(std::memory_order_acquire);
+  if (word & kAbortedBit) fail();
   if (header_->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 ==
       static_cast<uint32_t>(local_size_)) {
     header_->arrived.store(0, std::memory_order_relaxed);
-    header_->generation.store(gen + 1, std::memory_order_release);
+    // The count moves on; an abort bit set meanwhile stays.
+    uint32_t cur = header_->generation.load(std::memory_order_relaxed);
+    while (!header_->generation.compare_exchange_weak(
+        cur, (cur & kAbortedBit) | ((cur + 1) & ~kAbortedBit), std::memory_order_acq_rel)) {
+    }
     FutexWakeAll(&header_->generation);
     return;
   }
+  // Passed when the count moves (the last rank arrived: passed even if an abort came after);
+  // failed when the abort bit is set with the count unmoved. Both wake the futex, and the
+  // bit also ends a futex wait that starts after Abort() (the word is no longer `word`).
+  auto passed = [&] {
+    const uint32_t now = header_->generation.load(std::memory_order_acquire);
+    if ((now & ~kAbortedBit) != word) return true;
+    if (now & kAbortedBit) fail();
+    return false;
+  };
   // A short spin (the others are often a few microseconds away), then sleep on the futex:
   // with more ranks than cores, spinning would take the core the last rank needs.
   for (int i = 0; i < 200; ++i) {
-    if (header_->generation.load(std::memory_order_acquire) != gen) return;
+    if (passed()) return;
     CpuRelax();
   }
-  TimePoint next_check = SteadyClock::now() + std::chrono::milliseconds(200);
-  while (header_->generation.load(std::memory_order_acquire) == gen) {
-    if (header_->aborted.load(std::memory_order_acquire) || aborted.load()) {
-      throw lost("aborted (a peer is gone)");
-    }
-    FutexWait(&header_->generation, gen, std::chrono::milliseconds(20));
-    if (header_->generation.load(std::memory_order_acquire) != gen) return;
+  // The sleep lasts until the word changes or the next check that the local peers are alive:
+  // no periodic wake-ups, which with a hundred ranks on a few cores cost more than the
+  // barrier itself.
+  constexpr Duration kCheckEvery = std::chrono::milliseconds(200);
+  TimePoint next_check = SteadyClock::now() + kCheckEvery;
+  while (!passed()) {
+    if (aborted.load()) fail();  // the communicator's own flag (its Abort() also sets the bit)
     TimePoint now = SteadyClock::now();
-    if (now >= deadline) throw lost("timed out waiting for the other ranks of this host");
+    if (now >= deadline) {
+      uint32_t none = 0;
+      header_->aborted.compare_exchange_strong(none, kAbortedTimeout);
+      throw WorkerLostError(
+          "shared-memory allreduce: timed out waiting for the other ranks of this host");
+    }
     if (now >= next_check) {
       CheckPeersAlive();
-      next_check = now + std::chrono::milliseconds(200);
+      next_check = now + kCheckEvery;
     }
+    FutexWait(&header_->generation, word, std::min(next_check, deadline) - now);
   }
 }
 
 void ShmGroup::Abort() {
   if (!header_) return;
-  header_->aborted.store(1, std::memory_order_release);
+  uint32_t none = 0;
+  header_->aborted.compare_exchange_strong(none, kAbortedPeer);
+  header_->generation.fetch_or(kAbortedBit, std::memory_order_acq_rel);
   FutexWakeAll(&header_->generation);
 }
 

@@ -802,6 +802,115 @@ TEST_CASE("shm: a segment is offered again only when every process that mapped i
   CHECK(g0->AllMappersQuiet());
 }
 
+TEST_CASE("shm: the barrier passes, wakes every waiter at an abort, and notices a dead peer",
+          "[unit]") {
+  constexpr int kRanks = 4;
+  auto made = ShmGroup::Create(kRanks, 4096);
+  REQUIRE(made.ok());
+  std::vector<std::unique_ptr<ShmGroup>> g;
+  g.push_back(std::move(made).value());
+  for (int r = 1; r < kRanks; ++r) {
+    auto opened = ShmGroup::Open(g[0]->Describe(), r, kRanks);
+    REQUIRE(opened.ok());
+    g.push_back(std::move(opened).value());
+  }
+  const std::atomic<bool> not_aborted{false};
+  const TimePoint far = SteadyClock::now() + std::chrono::minutes(2);
+  // 1. A thousand barriers: no rank passes one before every rank has reached it.
+  std::atomic<int> reached{0}, early{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      for (int i = 1; i <= 1000; ++i) {
+        reached.fetch_add(1);
+        g[r]->Barrier(not_aborted, far);
+        if (reached.load() < i * kRanks) early.fetch_add(1);
+        g[r]->Barrier(not_aborted, far);  // nobody reaches the next one before all checked
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  threads.clear();
+  CHECK(early.load() == 0);
+  // A barrier every rank reached is passed, even when an abort follows at once (the last
+  // rank arrives, then aborts): its waiters must not take the abort for a failed barrier.
+  std::atomic<int> passed{0};
+  for (int r = 0; r < kRanks - 1; ++r) {
+    threads.emplace_back([&, r] {
+      g[r]->Barrier(not_aborted, far);
+      passed.fetch_add(1);
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  g[kRanks - 1]->Barrier(not_aborted, far);
+  g[kRanks - 1]->Abort();
+  for (auto& t : threads) t.join();
+  threads.clear();
+  CHECK(passed.load() == kRanks - 1);
+  for (int r = 0; r < kRanks; ++r) g[r]->Reuse(r, kRanks);
+  // 2. Three ranks asleep in a barrier the fourth never reaches: an abort (from the fourth,
+  // which could be another process) fails all three, long before their deadline, and every
+  // later barrier too.
+  std::atomic<int> aborted{0}, other{0};
+  for (int r = 0; r < kRanks - 1; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        g[r]->Barrier(not_aborted, far);
+        other.fetch_add(1);
+      } catch (const WorkerLostError& e) {
+        (std::string(e.what()).find("aborted") != std::string::npos ? aborted : other)
+            .fetch_add(1);
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let them sleep on the futex
+  g[kRanks - 1]->Abort();
+  for (auto& t : threads) t.join();
+  threads.clear();
+  CHECK(aborted.load() == kRanks - 1);
+  CHECK(other.load() == 0);
+  CHECK_THROWS_AS(g[0]->Barrier(not_aborted, far), WorkerLostError);
+  // 3. A process-local abort flag is seen too (the communicator's own Abort sets it).
+  for (int r = 0; r < kRanks; ++r) g[r]->Reuse(r, kRanks);
+  const std::atomic<bool> local_abort{true};
+  CHECK_THROWS_AS(g[1]->Barrier(local_abort, far), WorkerLostError);
+  // 4. A peer process that dies without aborting: the waiters find it gone at their next
+  // check of the local pids, not at the deadline. Local rank 3 is a child that maps the
+  // segment and stops; it is killed while ranks 0..2 wait for it.
+  for (int r = 0; r < kRanks; ++r) g[r]->Reuse(r, kRanks);
+  g[3].reset();
+  std::string desc = "ELASTIC_TEST_SHM=" + g[0]->Describe();
+  std::string rank = "ELASTIC_TEST_SHM_RANK=3";
+  std::vector<char*> env;
+  for (char** e = environ; *e; ++e) env.push_back(*e);
+  env.push_back(desc.data());
+  env.push_back(rank.data());
+  env.push_back(nullptr);
+  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::string tag = "[.shm_child]";
+  char* argv[] = {self.data(), tag.data(), nullptr};
+  pid_t child = -1;
+  REQUIRE(posix_spawn(&child, self.c_str(), nullptr, nullptr, argv, env.data()) == 0);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, WUNTRACED) == child);
+  REQUIRE(WIFSTOPPED(status));
+  std::atomic<int> gone{0};
+  for (int r = 0; r < kRanks - 1; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        g[r]->Barrier(not_aborted, far);
+      } catch (const WorkerLostError& e) {
+        if (std::string(e.what()).find("is gone") != std::string::npos) gone.fetch_add(1);
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  kill(child, SIGKILL);
+  REQUIRE(waitpid(child, &status, 0) == child);
+  for (auto& t : threads) t.join();
+  CHECK(gone.load() == kRanks - 1);
+}
+
 // Whether /proc/net/tcp lists a socket in TIME_WAIT on local port `port` (either side).
 bool TimeWaitOnPort(uint16_t port) {
   std::ifstream in("/proc/net/tcp");
