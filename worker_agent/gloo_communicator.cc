@@ -420,7 +420,10 @@ class HelperPool {
       ++threads_;
       std::thread([this] { Loop(); }).detach();
     }
-    cv_.notify_all();
+    // One wake-up per task: waking every idle thread for each post made them all contend for
+    // the lock (hundreds of needless context switches per round with a hundred workers on a
+    // few cores).
+    for (size_t i = 0; i < helpers; ++i) cv_.notify_one();
   }
 
  private:
@@ -1006,13 +1009,33 @@ void GlooCommunicator::Guard(const char* what, std::function<void()> fn, Duratio
   if (aborted_.load()) throw lost("the communicator was aborted (a peer is gone)");
 }
 
+void GlooCommunicator::Inline(const char* what, const std::function<void()>& fn) {
+  auto lost = [what](const std::string& why) {
+    return WorkerLostError(std::string(what) + ": " + why);
+  };
+  if (aborted_.load()) throw lost("the communicator was aborted (a peer is gone)");
+  started_.fetch_add(1);
+  last_start_.store(SteadyClock::now().time_since_epoch().count());
+  running_.store(true);
+  struct Done {
+    std::atomic<bool>& running;
+    ~Done() { running.store(false); }
+  } done{running_};
+  try {
+    fn();
+  } catch (const gloo::Exception& e) {
+    throw lost(std::string("failed, a peer is gone: ") + e.what());
+  }
+  if (aborted_.load()) throw lost("the communicator was aborted (a peer is gone)");
+}
+
 void GlooCommunicator::Allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
   if (count == 0) return;
   if (hier_) {
-    // A longer grace than the cross-host communicator's own: after an abort, that one ends
-    // first, and this job never outlives the communicator it uses.
-    Guard("allreduce", [&] { HierarchicalAllreduce(data, count, dtype, op); },
-          std::chrono::seconds(3));
+    // On the caller's thread: every wait in it ends at an abort by itself (the host's barrier
+    // wakes, the cross-host communicator has its own Guard), so the two thread switches of
+    // the executor would buy nothing.
+    Inline("allreduce", [&] { HierarchicalAllreduce(data, count, dtype, op); });
     return;
   }
   Guard("allreduce", [&] {

@@ -171,6 +171,10 @@ class GlooCommunicator : public Communicator {
   // end at Gloo's timeout on its own thread and throws WorkerLostError at once.
   void Guard(const char* what, std::function<void()> fn,
              Duration grace = std::chrono::milliseconds(500));
+  // Runs `fn` on the caller's thread with Guard's bookkeeping (the abort checks, the counters
+  // of the hang watch, gloo::Exception as WorkerLostError): for work whose every wait ends at
+  // an abort by itself (the hierarchical allreduce).
+  void Inline(const char* what, const std::function<void()>& fn);
 
   std::shared_ptr<AbortableContext> ctx_;
   Topology topo_;
