@@ -143,8 +143,10 @@ std::string AddressesOf(int i, size_t keys) {
   for (size_t k = 0; k < keys; ++k) {
     std::vector<char> a(136, 0);
     a[0] = 2;  // AF_INET
-    a[2] = static_cast<char>((40000 + i * 32 + k) >> 8);
-    a[3] = static_cast<char>(40000 + i * 32 + k);
+    // Ephemeral ports, scattered as bind(0) gives them: both bytes differ from pair to pair.
+    const uint32_t port = 32768 + (static_cast<uint32_t>(i * 64 + k) * 2654435761u >> 16) % 28000;
+    a[2] = static_cast<char>(port >> 8);
+    a[3] = static_cast<char>(port);
     a[4] = 127;
     a[7] = 1;
     mine.emplace_back(static_cast<int>(k), a);
