@@ -963,18 +963,27 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(RoundStore*
   return comm;
 }
 
+// What the hang watch reads of a collective: one more started, when, and whether one runs
+// (until this goes out of scope).
+class GlooCommunicator::Running {
+ public:
+  explicit Running(GlooCommunicator* c) : c_(c) {
+    c_->started_.fetch_add(1);
+    c_->last_start_.store(SteadyClock::now().time_since_epoch().count());
+    c_->running_.store(true);
+  }
+  ~Running() { c_->running_.store(false); }
+
+ private:
+  GlooCommunicator* c_;
+};
+
 void GlooCommunicator::Guard(const char* what, std::function<void()> fn, Duration grace) {
   auto lost = [what](const std::string& why) {
     return WorkerLostError(std::string(what) + (why.empty() ? "" : ": ") + why);
   };
   if (aborted_.load()) throw lost("the communicator was aborted (a peer is gone)");
-  started_.fetch_add(1);
-  last_start_.store(SteadyClock::now().time_since_epoch().count());
-  running_.store(true);
-  struct Done {
-    std::atomic<bool>& running;
-    ~Done() { running.store(false); }
-  } done{running_};
+  Running running(this);
   if (!exec_) {
     auto ex = Executor::Take();
     std::lock_guard<std::mutex> g(abort_mu_);  // Abort() reads exec_ from another thread
@@ -1014,13 +1023,7 @@ void GlooCommunicator::Inline(const char* what, const std::function<void()>& fn)
     return WorkerLostError(std::string(what) + ": " + why);
   };
   if (aborted_.load()) throw lost("the communicator was aborted (a peer is gone)");
-  started_.fetch_add(1);
-  last_start_.store(SteadyClock::now().time_since_epoch().count());
-  running_.store(true);
-  struct Done {
-    std::atomic<bool>& running;
-    ~Done() { running.store(false); }
-  } done{running_};
+  Running running(this);
   try {
     fn();
   } catch (const gloo::Exception& e) {

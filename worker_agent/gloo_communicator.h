@@ -175,6 +175,7 @@ class GlooCommunicator : public Communicator {
   // of the hang watch, gloo::Exception as WorkerLostError): for work whose every wait ends at
   // an abort by itself (the hierarchical allreduce).
   void Inline(const char* what, const std::function<void()>& fn);
+  class Running;
 
   std::shared_ptr<AbortableContext> ctx_;
   Topology topo_;

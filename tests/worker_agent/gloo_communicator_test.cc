@@ -761,21 +761,15 @@ TEST_CASE("shm child: maps a segment, then stops", "[.shm_child]") {
   _exit(0);
 }
 
-TEST_CASE("shm: a segment is offered again only when every process that mapped it is quiet or gone",
-          "[unit]") {
-  auto made = ShmGroup::Create(3, 4096);
-  REQUIRE(made.ok());
-  std::unique_ptr<ShmGroup> g0 = std::move(made).value();
-  auto opened = ShmGroup::Open(g0->Describe(), 1, 3);
-  REQUIRE(opened.ok());
-  std::unique_ptr<ShmGroup> g1 = std::move(opened).value();
-  // Local rank 2 is another process: it maps the segment and stops.
-  std::string desc = "ELASTIC_TEST_SHM=" + g0->Describe();
-  std::string rank = "ELASTIC_TEST_SHM_RANK=2";
+// Spawns this test binary as the child above, mapping `description` as local rank `rank`,
+// and waits until it has stopped itself. Returns its pid.
+pid_t SpawnStoppedShmChild(const std::string& description, int rank) {
+  std::string desc = "ELASTIC_TEST_SHM=" + description;
+  std::string rank_env = "ELASTIC_TEST_SHM_RANK=" + std::to_string(rank);
   std::vector<char*> env;
   for (char** e = environ; *e; ++e) env.push_back(*e);
   env.push_back(desc.data());
-  env.push_back(rank.data());
+  env.push_back(rank_env.data());
   env.push_back(nullptr);
   std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   std::string tag = "[.shm_child]";
@@ -785,6 +779,20 @@ TEST_CASE("shm: a segment is offered again only when every process that mapped i
   int status = 0;
   REQUIRE(waitpid(child, &status, WUNTRACED) == child);
   REQUIRE(WIFSTOPPED(status));
+  return child;
+}
+
+TEST_CASE("shm: a segment is offered again only when every process that mapped it is quiet or gone",
+          "[unit]") {
+  auto made = ShmGroup::Create(3, 4096);
+  REQUIRE(made.ok());
+  std::unique_ptr<ShmGroup> g0 = std::move(made).value();
+  auto opened = ShmGroup::Open(g0->Describe(), 1, 3);
+  REQUIRE(opened.ok());
+  std::unique_ptr<ShmGroup> g1 = std::move(opened).value();
+  // Local rank 2 is another process: it maps the segment and stops.
+  pid_t child = SpawnStoppedShmChild(g0->Describe(), 2);
+  int status = 0;
   // This process's two mappings are done with it; the stopped one could still write.
   g0->Quiesce();
   g1->Quiesce();
@@ -879,21 +887,8 @@ TEST_CASE("shm: the barrier passes, wakes every waiter at an abort, and notices 
   // segment and stops; it is killed while ranks 0..2 wait for it.
   for (int r = 0; r < kRanks; ++r) g[r]->Reuse(r, kRanks);
   g[3].reset();
-  std::string desc = "ELASTIC_TEST_SHM=" + g[0]->Describe();
-  std::string rank = "ELASTIC_TEST_SHM_RANK=3";
-  std::vector<char*> env;
-  for (char** e = environ; *e; ++e) env.push_back(*e);
-  env.push_back(desc.data());
-  env.push_back(rank.data());
-  env.push_back(nullptr);
-  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  std::string tag = "[.shm_child]";
-  char* argv[] = {self.data(), tag.data(), nullptr};
-  pid_t child = -1;
-  REQUIRE(posix_spawn(&child, self.c_str(), nullptr, nullptr, argv, env.data()) == 0);
+  pid_t child = SpawnStoppedShmChild(g[0]->Describe(), 3);
   int status = 0;
-  REQUIRE(waitpid(child, &status, WUNTRACED) == child);
-  REQUIRE(WIFSTOPPED(status));
   std::atomic<int> gone{0};
   for (int r = 0; r < kRanks - 1; ++r) {
     threads.emplace_back([&, r] {
