@@ -322,8 +322,8 @@ StatusOr<bool> Agent::JoinNextRound(int64_t version) {
     comm_round_ = assignment_.round;
     if (aborted_round_.load() >= assignment_.round) comm_->Abort();
   }
-  auto store = worker_agent::MakeRpcRoundStore(client_.get(), assignment_.round);
-  Status connected = comm->Connect(store.get());
+  round_store_ = worker_agent::MakeRpcRoundStore(client_.get(), assignment_.round);
+  Status connected = comm->Connect(round_store_.get());
   last_rebuild_ = SteadyClock::now() - rebuild_start;
   if (!connected.ok()) {
     std::lock_guard<std::mutex> g(comm_mu_);

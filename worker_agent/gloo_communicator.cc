@@ -647,13 +647,10 @@ std::vector<int> GlooPeers(int rank, int size) {
   return out;
 }
 
-Status GlooCommunicator::Connect(RoundStore* store) {
+Status GlooCommunicator::Attempt(const std::function<Status()>& connect) {
   Status s;
   try {
-    ShmPlan plan;
-    s = PlanShm(store, &plan);
-    if (s.ok()) s = ConnectPairs(store, plan.fetch_key, &plan.description);
-    if (s.ok()) s = SetUpHierarchy(store, &plan);
+    s = connect();
   } catch (const std::exception& e) {
     s = Unavailable(std::string("connecting the Gloo pairs failed: ") + e.what());
   }
@@ -662,6 +659,37 @@ Status GlooCommunicator::Connect(RoundStore* store) {
                    s.message());
   }
   return s;
+}
+
+Status GlooCommunicator::Connect(RoundStore* store) {
+  return Attempt([&] {
+    ShmPlan plan;
+    Status s = PlanShm(store, &plan);
+    // Every rank on one host with the shared-memory allreduce: the flat pairs serve only
+    // broadcast, allgather and barrier, so they connect at the first of those (EnsurePairs),
+    // which a round without a state sync may never call.
+    const char* lazy_env = std::getenv("ELASTIC_GLOO_LAZY_PAIRS");
+    const bool lazy = plan.want && topo_.cross_size == 1 && topo_.size > 1 &&
+                      !(lazy_env && std::string(lazy_env) == "0");
+    if (s.ok() && lazy) {
+      lazy_store_ = store;
+      if (!plan.fetch_key.empty()) {
+        auto got = store->Get({plan.fetch_key}, options_.connect_timeout);
+        if (got.ok()) {
+          plan.description = std::move((*got)[0]);
+        } else {
+          s = got.status();
+        }
+      }
+    } else if (s.ok()) {
+      s = ConnectPairs(store, plan.fetch_key, &plan.description);
+    }
+    if (s.ok()) s = SetUpHierarchy(store, &plan);
+    // The shared memory turned off after all: the flat ring allreduces, over the pairs.
+    std::string unused;
+    if (s.ok() && !hier_ && !pairs_connected_) s = ConnectPairs(store, "", &unused);
+    return s;
+  });
 }
 
 Status GlooCommunicator::ConnectPairs(RoundStore* store, const std::string& extra_key,
@@ -730,6 +758,7 @@ Status GlooCommunicator::ConnectPairs(RoundStore* store, const std::string& extr
   std::lock_guard<std::mutex> g(abort_mu_);
   if (aborted_.load()) return Aborted("the communicator was aborted while connecting");
   ctx_->Adopt(device, pairs);
+  pairs_connected_ = true;
   peers_ = peers_to;
   ctx_->setTimeout(
       std::chrono::duration_cast<std::chrono::milliseconds>(options_.collective_timeout));
@@ -864,7 +893,7 @@ Status GlooCommunicator::SetUpHierarchy(RoundStore* store, ShmPlan* plan) {
   // every host must cut the same chunks (the smallest slot). After it every local rank has
   // mapped the segment, so its name can go.
   int64_t agree[2] = {vote, shm_ ? static_cast<int64_t>(shm_->slot_bytes()) : INT64_MAX};
-  AgreeMin(agree, 2);
+  RETURN_IF_ERROR(Agree(store, "shm", agree, 2));
   const bool replaced = agree[0] == 1;
   if (replaced) {
     // A rank new to its host's reused segment: the hosts that reused one make a new one, and
@@ -875,7 +904,7 @@ Status GlooCommunicator::SetUpHierarchy(RoundStore* store, ShmPlan* plan) {
     }
     agree[0] = plan->want && (topo_.local_size == 1 || shm_) ? 2 : 0;
     agree[1] = shm_ ? static_cast<int64_t>(shm_->slot_bytes()) : INT64_MAX;
-    AgreeMin(agree, 2);
+    RETURN_IF_ERROR(Agree(store, "shm-again", agree, 2));
   }
   if (shm_) shm_->Unlink();
   chunk_bytes_ = static_cast<size_t>(agree[1]);
@@ -929,6 +958,57 @@ Status GlooCommunicator::ReplaceReusedSegment(RoundStore* store, const std::stri
   if (aborted_.load()) return Aborted("the communicator was aborted while connecting");
   shm_ = std::move(group);
   return Status::Ok();
+}
+
+Status GlooCommunicator::EnsurePairs() {
+  if (pairs_connected_ || !lazy_store_) return Status::Ok();
+  return Attempt([&] {
+    std::string unused;
+    return ConnectPairs(lazy_store_, "", &unused);
+  });
+}
+
+void GlooCommunicator::RequirePairs(const char* what) {
+  Status s = EnsurePairs();
+  if (!s.ok()) throw WorkerLostError(std::string(what) + ": " + s.message());
+}
+
+Status GlooCommunicator::Agree(RoundStore* store, const std::string& key, int64_t* values,
+                               size_t n) {
+  if (pairs_connected_) {
+    AgreeMin(values, n);
+    return Status::Ok();
+  }
+  if (topo_.size == 1 || n == 0) return Status::Ok();
+  // Without pairs (they connect later, if ever): through the round's store. Every rank puts
+  // its values; rank 0 takes the min of all and puts it; the others fetch it with their put.
+  const std::string prefix = "agree/" + key + "/";
+  const size_t bytes = n * sizeof(int64_t);
+  auto min_of = [&](const std::string& v, const std::string& from) -> Status {
+    if (v.size() != bytes) {
+      return InvalidArgument("the agreement's value from " + from + " has " +
+                             std::to_string(v.size()) + " bytes, not " + std::to_string(bytes));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      int64_t x;
+      std::memcpy(&x, v.data() + i * sizeof x, sizeof x);
+      values[i] = std::min(values[i], x);
+    }
+    return Status::Ok();
+  };
+  if (topo_.rank == 0) {
+    std::vector<std::string> keys;
+    for (int r = 1; r < topo_.size; ++r) keys.push_back(prefix + std::to_string(r));
+    ASSIGN_OR_RETURN(std::vector<std::string> got, store->Get(keys, options_.connect_timeout));
+    for (size_t k = 0; k < got.size(); ++k) RETURN_IF_ERROR(min_of(got[k], keys[k]));
+    return store->Set(prefix + "min", std::string(reinterpret_cast<const char*>(values), bytes));
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> got,
+                   store->SetAndGet(prefix + std::to_string(topo_.rank),
+                                    std::string(reinterpret_cast<const char*>(values), bytes),
+                                    {prefix + "min"}, options_.connect_timeout));
+  if (got.size() != 1) return Internal("the agreement's result is missing");
+  return min_of(got[0], prefix + "min");
 }
 
 void GlooCommunicator::AgreeMin(int64_t* values, size_t n) {
@@ -1161,6 +1241,7 @@ void GlooCommunicator::Broadcast(void* data, size_t bytes, int root) {
     throw std::invalid_argument("broadcast root " + std::to_string(root) + " out of range");
   }
   if (bytes == 0 || topo_.size == 1) return;
+  RequirePairs("broadcast");
   Guard("broadcast", [&] {
     gloo::BroadcastOptions opts(ctx_);
     opts.setRoot(root);
@@ -1177,6 +1258,7 @@ std::vector<std::vector<char>> GlooCommunicator::Allgather(const void* data, siz
     out[0].assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
     return out;
   }
+  RequirePairs("allgather");
   Guard("allgather", [&] {
     auto timeout =
         std::chrono::duration_cast<std::chrono::milliseconds>(options_.collective_timeout);
@@ -1211,6 +1293,7 @@ std::vector<std::vector<char>> GlooCommunicator::Allgather(const void* data, siz
 
 void GlooCommunicator::Barrier() {
   if (topo_.size == 1) return;
+  RequirePairs("barrier");
   Guard("barrier", [&] {
     gloo::BarrierOptions opts(ctx_);
     opts.setTimeout(

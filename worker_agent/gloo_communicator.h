@@ -89,10 +89,13 @@ class GlooCommunicator : public Communicator {
   // it sets up the hierarchical allreduce (GlooOptions::shm): local rank 0 publishes its
   // segment under "shm/<cross_rank>" first, the others fetch it with their peers' addresses,
   // every rank agrees (AgreeMin), and the local ranks 0 connect a cross-host communicator
-  // under keys "x/...". Blocks up to the connect
-  // timeout. ABORTED when Abort() came before or during it (from any thread: the store wait
-  // is the caller's to cancel, the pairs are failed here); UNAVAILABLE / DEADLINE_EXCEEDED
-  // (with Gloo's message) when peers do not show up. Call once.
+  // under keys "x/...". When every rank is on one host and the shared memory is on, the pairs
+  // wait for the first broadcast, allgather or barrier (the agreement then goes through the
+  // store): `store` must outlive the communicator (ELASTIC_GLOO_LAZY_PAIRS=0: connect here).
+  // Blocks up to the connect timeout. ABORTED when Abort() came before or during it (from
+  // any thread: the store wait is the caller's to cancel, the pairs are failed here);
+  // UNAVAILABLE / DEADLINE_EXCEEDED (with Gloo's message) when peers do not show up. Call
+  // once.
   Status Connect(RoundStore* store);
   // New() then Connect().
   static StatusOr<std::unique_ptr<GlooCommunicator>> Create(RoundStore* store, const Topology& topo,
@@ -115,6 +118,9 @@ class GlooCommunicator : public Communicator {
 
   // Whether Allreduce goes through shared memory within hosts (GlooOptions::shm).
   bool hierarchical() const { return hier_; }
+  // Whether the pairs are connected (on one host with shared memory: after the first
+  // broadcast, allgather or barrier).
+  bool pairs_connected() const { return pairs_connected_; }
   // The token of the shared-memory segment this rank uses (0: none); the same token in two
   // rounds means the later one reused the segment (GlooOptions::shm_keeper).
   uint64_t shm_token() const;
@@ -162,6 +168,15 @@ class GlooCommunicator : public Communicator {
   // distances 1, 2, 4, ... (log2(size) rounds, where the ring takes 2(size-1) steps): the
   // agreement on the shared-memory path while a round connects.
   void AgreeMin(int64_t* values, size_t n);
+  // The same min, over the pairs when they are connected, else through `store` (keys
+  // "agree/<key>/..."): rank 0 gathers every rank's values and puts the min.
+  Status Agree(RoundStore* store, const std::string& key, int64_t* values, size_t n);
+  // Connects the pairs if they wait for their first use (lazy_store_); ABORTED after an
+  // abort. RequirePairs: the same, throwing WorkerLostError (`what`: the collective).
+  Status EnsurePairs();
+  // Runs `connect`, with an exception as UNAVAILABLE and any failure after Abort() as ABORTED.
+  Status Attempt(const std::function<Status()>& connect);
+  void RequirePairs(const char* what);
   // Allreduce through the host's shared memory and the cross-host ring (hier_).
   void HierarchicalAllreduce(void* data, size_t count, DataType dtype, ReduceOp op);
   // Runs a Gloo collective on the executor thread and waits for it or for Abort(). Gloo leaves
@@ -194,6 +209,10 @@ class GlooCommunicator : public Communicator {
   std::unique_ptr<ShmGroup> shm_;               // when this host has several ranks
   std::unique_ptr<GlooCommunicator> cross_;     // local rank 0, when there are several hosts
   bool hier_ = false;
+  // One host, shared memory: the pairs connect at their first use, through this store (the
+  // round's; whoever called Connect keeps it alive as long as the communicator).
+  RoundStore* lazy_store_ = nullptr;
+  bool pairs_connected_ = false;
   size_t chunk_bytes_ = 0;  // elements cut into chunks of this many bytes (every rank the same)
   uint64_t chunks_ = 0;  // chunks reduced so far: which half of the segment is next
 };

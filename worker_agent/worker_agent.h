@@ -126,6 +126,9 @@ class Agent {
   std::atomic<int64_t> aborted_round_{-1};   // newest round the driver aborted
   std::atomic<bool> stopping_{false};
   std::mutex comm_mu_;  // guards comm_ against Abort from the Watch thread
+  // The round's store, kept while its communicator lives (its pairs may connect at their
+  // first use); declared before comm_, so it goes after it.
+  std::unique_ptr<worker_agent::RoundStore> round_store_;
   // The current round's communicator, installed before it connects; guarded by comm_mu_
   // when replaced (the training thread reads it without the lock).
   std::unique_ptr<worker_agent::GlooCommunicator> comm_;

@@ -543,6 +543,7 @@ TEST_CASE("gloo: abort from another thread fails a communicator that is still co
   SilentPeerStore store(EncodeAddresses({{0, addr}}));
   GlooOptions opts;
   opts.connect_timeout = std::chrono::seconds(30);
+  opts.shm = false;  // the pairs connect in Connect (one host with shared memory: at first use)
   auto comm = GlooCommunicator::New(Topology{0, 2, 0, 2, 0, 1}, opts);
   REQUIRE(comm.ok());
   std::promise<Status> result;
@@ -556,6 +557,135 @@ TEST_CASE("gloo: abort from another thread fails a communicator that is still co
   Status s = result_f.get();
   CHECK(s.code() == Code::kAborted);
   CHECK_THAT(s.message(), Catch::Contains("aborted"));
+}
+
+// A round store over a Core that an outside thread can cancel, as the Agent cancels its
+// RPC store's waits when the driver aborts the round.
+class CancellableStore : public RoundStore {
+ public:
+  explicit CancellableStore(std::unique_ptr<RoundStore> inner) : inner_(std::move(inner)) {}
+  void Cancel() { cancelled_ = true; }
+  Status Set(const std::string& key, const std::string& value) override {
+    return inner_->Set(key, value);
+  }
+  StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
+                                         Duration timeout) override {
+    const TimePoint end = SteadyClock::now() + timeout;
+    while (!cancelled_) {
+      auto got = inner_->Get(keys, std::chrono::milliseconds(50));
+      if (got.ok() || got.status().code() != Code::kDeadlineExceeded) return got;
+      if (SteadyClock::now() >= end) return got;
+    }
+    return Aborted("the store's wait was cancelled");
+  }
+
+ private:
+  std::unique_ptr<RoundStore> inner_;
+  std::atomic<bool> cancelled_{false};
+};
+
+TEST_CASE("gloo: on one host the pairs connect at the first broadcast, allgather or barrier",
+          "[unit]") {
+  const std::string first = GENERATE(std::string("broadcast"), std::string("allgather"),
+                                     std::string("barrier"));
+  INFO("first flat collective: " << first);
+  std::atomic<int> lazy{0}, connected{0};
+  auto failures = RunRanks(4, [&](GlooCommunicator& c) {
+    if (!c.hierarchical()) throw std::runtime_error("not hierarchical");
+    if (!c.pairs_connected()) lazy.fetch_add(1);
+    std::vector<float> v(1000, static_cast<float>(c.rank() + 1));
+    c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum);  // no pairs needed
+    if (v[0] != 10.0f || v[999] != 10.0f) throw std::runtime_error("allreduce");
+    if (c.pairs_connected()) throw std::runtime_error("connected by an allreduce");
+    int x = c.rank() == 2 ? 42 : 0;
+    if (first == "broadcast") c.Broadcast(&x, sizeof x, 2);
+    if (first == "allgather") {
+      auto all = c.Allgather(&x, sizeof x);
+      std::memcpy(&x, all[2].data(), sizeof x);
+    }
+    if (first == "barrier") {
+      c.Barrier();
+      x = 42;
+    }
+    if (x != 42) throw std::runtime_error(first + " gave a wrong value");
+    if (c.pairs_connected()) connected.fetch_add(1);
+    int y = c.rank() == 3 ? 7 : 0;
+    c.Broadcast(&y, sizeof y, 3);
+    auto all = c.Allgather(&y, sizeof y);
+    c.Barrier();
+    c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
+    if (y != 7 || all.size() != 4 || v[0] != 40.0f) throw std::runtime_error("after connecting");
+  });
+  CHECK(failures.empty());
+  for (auto& f : failures) WARN(f);
+  CHECK(lazy.load() == 4);
+  CHECK(connected.load() == 4);
+}
+
+TEST_CASE("gloo: ELASTIC_GLOO_LAZY_PAIRS=0 connects the pairs in Connect", "[unit]") {
+  setenv("ELASTIC_GLOO_LAZY_PAIRS", "0", 1);
+  std::atomic<int> connected{0};
+  auto failures = RunRanks(3, [&](GlooCommunicator& c) {
+    if (c.hierarchical() && c.pairs_connected()) connected.fetch_add(1);
+    std::vector<float> v(10, 1.0f);
+    c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
+  });
+  unsetenv("ELASTIC_GLOO_LAZY_PAIRS");
+  CHECK(failures.empty());
+  CHECK(connected.load() == 3);
+}
+
+TEST_CASE("gloo: an abort ends a first broadcast that waits for a silent peer to connect",
+          "[unit]") {
+  // Two ranks on one host: rank 1 is built and alive but never broadcasts, so rank 0's
+  // broadcast waits in the store for rank 1's addresses. The abort (and the store's wait
+  // cancelled, as the Agent does) ends it with WorkerLostError, not the 30 s connect timeout.
+  Core core(rendezvous::CoreOptions{});
+  std::map<std::string, rendezvous::Assignment> members;
+  for (int i = 0; i < 2; ++i) members["h:" + std::to_string(i)].rank = i;
+  REQUIRE(core.ProposeRound(0, members, {}).ok());
+  std::vector<std::unique_ptr<CancellableStore>> stores;
+  std::vector<std::unique_ptr<GlooCommunicator>> comms(2);
+  for (int i = 0; i < 2; ++i) {
+    stores.push_back(std::make_unique<CancellableStore>(MakeCoreRoundStore(&core, 0)));
+  }
+  std::vector<std::thread> builders;
+  for (int i = 0; i < 2; ++i) {
+    builders.emplace_back([&, i] {
+      auto a = core.Join("h:" + std::to_string(i), -1, 0,
+                         core.clock()->Now() + std::chrono::seconds(30));
+      if (!a.ok()) return;
+      GlooOptions opts;
+      opts.connect_timeout = std::chrono::seconds(30);
+      opts.collective_timeout = std::chrono::seconds(30);
+      auto made = GlooCommunicator::Create(stores[i].get(), Topology{i, 2, i, 2, 0, 1}, opts);
+      if (made.ok()) comms[i] = std::move(made).value();
+    });
+  }
+  for (auto& t : builders) t.join();
+  REQUIRE(comms[0]);
+  REQUIRE(comms[1]);
+  REQUIRE(comms[0]->hierarchical());
+  REQUIRE_FALSE(comms[0]->pairs_connected());
+  std::promise<std::string> result;
+  auto result_f = result.get_future();
+  std::thread caller([&] {
+    int x = 1;
+    try {
+      comms[0]->Broadcast(&x, sizeof x, 0);
+      result.set_value("returned");
+    } catch (const WorkerLostError& e) {
+      result.set_value(e.what());
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  comms[0]->Abort();
+  stores[0]->Cancel();
+  const bool ended = result_f.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  CHECK(ended);
+  caller.join();
+  const std::string what = result_f.get();
+  CHECK_THAT(what, Catch::Contains("broadcast") && Catch::Contains("aborted"));
 }
 
 TEST_CASE("gloo: a communicator aborted before it connects never waits for its peers", "[unit]") {
