@@ -214,6 +214,8 @@ class AbortableContext : public gloo::rendezvous::Context {
     device_ = std::move(dev);
     transportContext_ = std::move(pairs);
   }
+  // gloo::Context::getDevice() throws when no device was set.
+  std::shared_ptr<gloo::transport::Device> device() const { return device_; }
 };
 
 namespace {
@@ -389,18 +391,42 @@ int ResetPairsOnClose(const std::vector<sockaddr_storage>& peers,
 
 namespace {
 
-// One Gloo TCP device per address for the life of the process: a device is an epoll loop
-// thread, and building one per round (and joining its thread, which wakes every 10 ms, when
-// the round ends) sat on the critical path of every recovery.
+// One Gloo TCP device per address while some communicator of the process uses it: a device is
+// an epoll loop thread that wakes every 10 ms (Debian's Gloo) as long as it lives. A recovery
+// whose new round connects no pairs (one host, shared memory, no state sync) then has none
+// ticking, and a waiting worker wakes only for its own work. Building a device costs a thread
+// start; destroying one joins that thread (up to a tick), so the last holder hands it to
+// ReleaseDevice, which destroys it on a helper thread, off the round's path.
+//
+// only_if_new: returns nullptr (and makes nothing) when this process made the device of this
+// key before, so its address is known to work.
 std::shared_ptr<gloo::transport::Device> SharedDevice(const gloo::transport::tcp::attr& attr,
-                                                      const std::string& key) {
-  // Never destroyed: an abandoned collective may still use its device while the process exits.
-  static auto* mu = new std::mutex();
-  static auto* devices = new std::map<std::string, std::shared_ptr<gloo::transport::Device>>();
+                                                      const std::string& key,
+                                                      bool only_if_new = false) {
+  static auto* mu = new std::mutex();  // never destroyed: helper threads outlive main()
+  static auto* devices = new std::map<std::string, std::weak_ptr<gloo::transport::Device>>();
   std::lock_guard<std::mutex> g(*mu);
-  auto& d = (*devices)[key];
-  if (!d) d = gloo::transport::tcp::CreateDevice(attr);
+  auto it = devices->find(key);
+  if (only_if_new && it != devices->end()) return nullptr;
+  std::shared_ptr<gloo::transport::Device> d;
+  if (it != devices->end()) d = it->second.lock();
+  if (!d) {
+    d = gloo::transport::tcp::CreateDevice(attr);  // throws for an address it cannot use
+    (*devices)[key] = d;
+  }
   return d;
+}
+
+gloo::transport::tcp::attr DeviceAttr(const GlooOptions& options, std::string* key) {
+  gloo::transport::tcp::attr attr;
+  if (!options.iface.empty()) {
+    attr.iface = options.iface;
+    *key = "iface " + attr.iface;
+  } else {
+    attr.hostname = options.hostname.empty() ? "127.0.0.1" : options.hostname;
+    *key = "host " + attr.hostname;
+  }
+  return attr;
 }
 
 // Threads kept for ForEachInParallel: created on first use and never joined (they sleep on a
@@ -448,6 +474,14 @@ class HelperPool {
   size_t threads_ = 0;                       // guarded by mu_
   size_t busy_ = 0;                          // guarded by mu_
 };
+
+// Drops `device`; when that is its last reference, on a pool thread: destroying a device joins
+// its loop thread, which takes up to a tick (10 ms) and sat on the path of every recovery.
+void ReleaseDevice(std::shared_ptr<gloo::transport::Device> device) {
+  if (!device || device.use_count() > 1) return;
+  auto holder = std::make_shared<std::shared_ptr<gloo::transport::Device>>(std::move(device));
+  HelperPool::Get().Post(1, [holder] { holder->reset(); });
+}
 
 // Runs fn(i) for every i in `items`, on the calling thread and up to 15 pool threads at once,
 // and rethrows the first exception. Gloo's TCP pairs block their caller on the device loop's
@@ -602,8 +636,16 @@ GlooCommunicator::~GlooCommunicator() {
       spdlog::debug("closing the Gloo pairs: {}", e.what());
     }
   }
+  std::shared_ptr<gloo::transport::Device> device;
+  if (device_) {
+    device = std::static_pointer_cast<gloo::transport::Device>(device_);
+  } else if (ctx_) {
+    device = ctx_->device();
+  }
+  device_.reset();
   ctx_.reset();
   pairs_.reset();
+  ReleaseDevice(std::move(device));
   // Nothing of this process uses the segment any more: the next round may reuse it.
   if (!abandoned && shm_ && options_.shm_keeper) options_.shm_keeper->Keep(std::move(shm_));
 }
@@ -618,14 +660,12 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::New(const Topology
   // must surface as WorkerLostError, not kill this process with SIGPIPE.
   signal(SIGPIPE, SIG_IGN);
   try {
-    gloo::transport::tcp::attr attr;
-    if (!options.iface.empty()) {
-      attr.iface = options.iface;
-    } else {
-      attr.hostname = options.hostname.empty() ? "127.0.0.1" : options.hostname;
-    }
-    auto device = SharedDevice(attr, options.iface.empty() ? "host " + attr.hostname
-                                                           : "iface " + attr.iface);
+    std::string key;
+    gloo::transport::tcp::attr attr = DeviceAttr(options, &key);
+    // The first communicator of the process makes the device here, so that an address it
+    // cannot use is an error of New (the caller's to fix) rather than of a later connect.
+    // The others make it when their pairs connect (ConnectPairs), if they ever do.
+    auto device = SharedDevice(attr, key, /*only_if_new=*/true);
     auto ctx = std::make_shared<AbortableContext>(topo.rank, topo.size);
     std::unique_ptr<GlooCommunicator> comm(new GlooCommunicator(ctx, topo, options));
     comm->device_ = device;
@@ -668,6 +708,8 @@ Status GlooCommunicator::Connect(RoundStore* store) {
     // Every rank on one host with the shared-memory allreduce: the flat pairs serve only
     // broadcast, allgather and barrier, so they connect at the first of those (EnsurePairs),
     // which a round without a state sync may never call.
+    const char* flat_env = std::getenv("ELASTIC_SHM_COLLECTIVES");
+    shm_flat_ = !(flat_env && std::string(flat_env) == "0");
     const char* lazy_env = std::getenv("ELASTIC_GLOO_LAZY_PAIRS");
     const bool lazy = plan.want && topo_.cross_size == 1 && topo_.size > 1 &&
                       !(lazy_env && std::string(lazy_env) == "0");
@@ -688,14 +730,31 @@ Status GlooCommunicator::Connect(RoundStore* store) {
     // The shared memory turned off after all: the flat ring allreduces, over the pairs.
     std::string unused;
     if (s.ok() && !hier_ && !pairs_connected_) s = ConnectPairs(store, "", &unused);
+    if (s.ok() && shm_collectives() && device_) {
+      // The device New made (this process's first communicator) will never serve a pair:
+      // its loop thread would only wake every 10 ms for as long as this round lasts.
+      auto device = std::static_pointer_cast<gloo::transport::Device>(device_);
+      device_.reset();
+      ReleaseDevice(std::move(device));
+    }
     return s;
   });
 }
 
 Status GlooCommunicator::ConnectPairs(RoundStore* store, const std::string& extra_key,
                                       std::string* extra_value) {
+  if (pairs_connected_) return FailedPrecondition("Connect() called twice");
   auto device = std::static_pointer_cast<gloo::transport::Device>(device_);
-  if (!device) return FailedPrecondition("Connect() called twice");
+  if (!device) {
+    std::string key;
+    gloo::transport::tcp::attr attr = DeviceAttr(options_, &key);
+    try {
+      device = SharedDevice(attr, key);
+    } catch (const std::exception& e) {
+      return Unavailable(std::string("creating the Gloo TCP device failed: ") + e.what());
+    }
+    device_ = device;  // for the destructor, should this connect fail
+  }
   auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(options_.connect_timeout);
   std::shared_ptr<gloo::transport::Context> pairs = device->createContext(topo_.rank, topo_.size);
   pairs->setTimeout(timeout);
@@ -1108,6 +1167,10 @@ void GlooCommunicator::Inline(const char* what, const std::function<void()>& fn)
     fn();
   } catch (const gloo::Exception& e) {
     throw lost(std::string("failed, a peer is gone: ") + e.what());
+  } catch (const WorkerLostError& e) {
+    const std::string why = e.what();
+    if (why.rfind(what, 0) == 0) throw;  // named already (the cross-host communicator's)
+    throw lost(why);
   }
   if (aborted_.load()) throw lost("the communicator was aborted (a peer is gone)");
 }
@@ -1236,11 +1299,101 @@ void GlooCommunicator::AllreduceMany(const std::vector<TensorView>& tensors, Red
       });
 }
 
+// Every rank is on this host: the data goes through the segment in chunks of a half (all its
+// slots), alternating halves as the allreduce does, so a chunk needs one barrier (between the
+// copy in and the copies out) and none after: the half a rank still reads from is written
+// again only two chunks later, after a barrier that rank has not reached yet.
+void GlooCommunicator::ShmBroadcast(char* data, size_t bytes, int root) {
+  try {
+    const TimePoint deadline = SteadyClock::now() + options_.collective_timeout;
+    const size_t cap = shm_->half_bytes();
+    for (size_t off = 0; off < bytes; off += cap) {
+      const size_t n = std::min(cap, bytes - off);
+      const int half = static_cast<int>(chunks_++ & 1);
+      char* buf = shm_->slot(half, 0);
+      if (topo_.rank == root) std::memcpy(buf, data + off, n);
+      TestHook("shm_broadcast", static_cast<int64_t>(off / cap));
+      shm_->Barrier(aborted_, deadline);
+      if (topo_.rank != root) std::memcpy(data + off, buf, n);
+    }
+  } catch (const WorkerLostError&) {
+    shm_->Abort();  // the local ranks waiting for this one stop waiting
+    throw;
+  }
+}
+
+// Each rank writes its part into its own slot, a slot at a time (the first chunk starts with
+// its rank and size), and reads everyone's after the chunk's barrier; halves alternate as in
+// ShmBroadcast. Ranks may give different sizes: the chunks go on until the largest is whole.
+std::vector<std::vector<char>> GlooCommunicator::ShmAllgather(const char* data, size_t bytes) {
+  struct Head {
+    int64_t rank;
+    int64_t bytes;
+  };
+  std::vector<std::vector<char>> out(topo_.size);
+  try {
+    const TimePoint deadline = SteadyClock::now() + options_.collective_timeout;
+    const int local_size = shm_->local_size(), me = shm_->local_rank();
+    const size_t slot = shm_->slot_bytes(), first = slot - sizeof(Head);
+    std::vector<int> rank_of(local_size, -1);
+    size_t chunks = 1;
+    for (size_t j = 0; j < chunks; ++j) {
+      const int half = static_cast<int>(chunks_++ & 1);
+      // What of a part of `size` bytes chunk j holds: [begin, end), at `at` in the slot.
+      auto piece = [&](size_t size, size_t* begin, size_t* end) {
+        *begin = j == 0 ? 0 : first + (j - 1) * slot;
+        *end = std::min(size, j == 0 ? first : *begin + slot);
+        *begin = std::min(*begin, *end);
+        return j == 0 ? sizeof(Head) : 0;
+      };
+      char* mine = shm_->slot(half, me);
+      if (j == 0) {
+        Head h{topo_.rank, static_cast<int64_t>(bytes)};
+        std::memcpy(mine, &h, sizeof h);
+      }
+      size_t b, e;
+      size_t at = piece(bytes, &b, &e);
+      if (e > b) std::memcpy(mine + at, data + b, e - b);
+      TestHook("shm_allgather", static_cast<int64_t>(j));
+      shm_->Barrier(aborted_, deadline);
+      if (j == 0) {
+        size_t largest = 0;
+        for (int l = 0; l < local_size; ++l) {
+          Head h;
+          std::memcpy(&h, shm_->slot(half, l), sizeof h);
+          if (h.rank < 0 || h.rank >= topo_.size || h.bytes < 0 ||
+              std::count(rank_of.begin(), rank_of.end(), h.rank) > 0) {
+            throw WorkerLostError("allgather: local rank " + std::to_string(l) +
+                                  " wrote a bad header (rank " + std::to_string(h.rank) + ")");
+          }
+          rank_of[l] = static_cast<int>(h.rank);
+          out[h.rank].resize(static_cast<size_t>(h.bytes));
+          largest = std::max(largest, static_cast<size_t>(h.bytes));
+        }
+        if (largest > first) chunks = 1 + (largest - first + slot - 1) / slot;
+      }
+      for (int l = 0; l < local_size; ++l) {
+        std::vector<char>& part = out[rank_of[l]];
+        at = piece(part.size(), &b, &e);
+        if (e > b) std::memcpy(part.data() + b, shm_->slot(half, l) + at, e - b);
+      }
+    }
+  } catch (const WorkerLostError&) {
+    shm_->Abort();  // the local ranks waiting for this one stop waiting
+    throw;
+  }
+  return out;
+}
+
 void GlooCommunicator::Broadcast(void* data, size_t bytes, int root) {
   if (root < 0 || root >= topo_.size) {
     throw std::invalid_argument("broadcast root " + std::to_string(root) + " out of range");
   }
   if (bytes == 0 || topo_.size == 1) return;
+  if (shm_collectives()) {
+    Inline("broadcast", [&] { ShmBroadcast(static_cast<char*>(data), bytes, root); });
+    return;
+  }
   RequirePairs("broadcast");
   Guard("broadcast", [&] {
     gloo::BroadcastOptions opts(ctx_);
@@ -1256,6 +1409,10 @@ std::vector<std::vector<char>> GlooCommunicator::Allgather(const void* data, siz
   std::vector<std::vector<char>> out(topo_.size);
   if (topo_.size == 1) {
     out[0].assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
+    return out;
+  }
+  if (shm_collectives()) {
+    Inline("allgather", [&] { out = ShmAllgather(static_cast<const char*>(data), bytes); });
     return out;
   }
   RequirePairs("allgather");
@@ -1293,6 +1450,17 @@ std::vector<std::vector<char>> GlooCommunicator::Allgather(const void* data, siz
 
 void GlooCommunicator::Barrier() {
   if (topo_.size == 1) return;
+  if (shm_collectives()) {
+    Inline("barrier", [&] {
+      try {
+        shm_->Barrier(aborted_, SteadyClock::now() + options_.collective_timeout);
+      } catch (const WorkerLostError&) {
+        shm_->Abort();  // the local ranks waiting for this one stop waiting
+        throw;
+      }
+    });
+    return;
+  }
   RequirePairs("barrier");
   Guard("barrier", [&] {
     gloo::BarrierOptions opts(ctx_);

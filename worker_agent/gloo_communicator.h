@@ -118,8 +118,12 @@ class GlooCommunicator : public Communicator {
 
   // Whether Allreduce goes through shared memory within hosts (GlooOptions::shm).
   bool hierarchical() const { return hier_; }
-  // Whether the pairs are connected (on one host with shared memory: after the first
-  // broadcast, allgather or barrier).
+  // Whether broadcast, allgather and barrier go through the host's shared memory too (every
+  // rank on one host with the hierarchical allreduce; ELASTIC_SHM_COLLECTIVES=0 turns it off):
+  // such a round never connects its Gloo pairs.
+  bool shm_collectives() const { return hier_ && shm_ && topo_.cross_size == 1 && shm_flat_; }
+  // Whether the pairs are connected (on one host with shared memory and shm_collectives()
+  // off: after the first broadcast, allgather or barrier).
   bool pairs_connected() const { return pairs_connected_; }
   // The token of the shared-memory segment this rank uses (0: none); the same token in two
   // rounds means the later one reused the segment (GlooOptions::shm_keeper).
@@ -179,6 +183,9 @@ class GlooCommunicator : public Communicator {
   void RequirePairs(const char* what);
   // Allreduce through the host's shared memory and the cross-host ring (hier_).
   void HierarchicalAllreduce(void* data, size_t count, DataType dtype, ReduceOp op);
+  // Broadcast, allgather and barrier through the segment (shm_collectives()).
+  void ShmBroadcast(char* data, size_t bytes, int root);
+  std::vector<std::vector<char>> ShmAllgather(const char* data, size_t bytes);
   // Runs a Gloo collective on the executor thread and waits for it or for Abort(). Gloo leaves
   // some waits unwoken when a pair fails (an unbound send queued on a pair that broke): they
   // would last the whole collective timeout. After Abort() every pair is closed, so such a
@@ -198,7 +205,7 @@ class GlooCommunicator : public Communicator {
   std::vector<char> fusion_;  // the fusion buffer, grown on first use up to fusion_bytes
   std::atomic<bool> aborted_{false};
   std::mutex abort_mu_;             // serializes Abort() against connecting and the destructor
-  std::shared_ptr<void> device_;    // gloo::transport::Device, until connected
+  std::shared_ptr<void> device_;    // gloo::transport::Device, until the pairs connect
   std::shared_ptr<void> pairs_;     // gloo::transport::Context being connected; abort_mu_
   std::vector<int> peers_;          // the ranks this rank has a pair with, once connected
   std::shared_ptr<Executor> exec_;  // started on the first collective
@@ -209,6 +216,7 @@ class GlooCommunicator : public Communicator {
   std::unique_ptr<ShmGroup> shm_;               // when this host has several ranks
   std::unique_ptr<GlooCommunicator> cross_;     // local rank 0, when there are several hosts
   bool hier_ = false;
+  bool shm_flat_ = true;  // ELASTIC_SHM_COLLECTIVES is not 0
   // One host, shared memory: the pairs connect at their first use, through this store (the
   // round's; whoever called Connect keeps it alive as long as the communicator).
   RoundStore* lazy_store_ = nullptr;

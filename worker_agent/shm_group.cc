@@ -271,9 +271,9 @@ void ShmGroup::Barrier(const std::atomic<bool>& aborted, TimePoint deadline) {
   auto fail = [&] {
     throw WorkerLostError(
         header_->aborted.load() == kAbortedTimeout
-            ? "shared-memory allreduce: a local rank timed out waiting for the other ranks of "
+            ? "host barrier (shared memory): a local rank timed out waiting for the other ranks of "
               "this host"
-            : "shared-memory allreduce: aborted (a peer is gone)");
+            : "host barrier (shared memory): aborted (a peer is gone)");
   };
   if (header_->aborted.load(std::memory_order_acquire) || aborted.load()) fail();
   const uint32_t word = header_->generation.load(std::memory_order_acquire);
@@ -316,7 +316,7 @@ void ShmGroup::Barrier(const std::atomic<bool>& aborted, TimePoint deadline) {
       uint32_t none = 0;
       header_->aborted.compare_exchange_strong(none, kAbortedTimeout);
       throw WorkerLostError(
-          "shared-memory allreduce: timed out waiting for the other ranks of this host");
+          "host barrier (shared memory): timed out waiting for the other ranks of this host");
     }
     if (now >= next_check) {
       CheckPeersAlive();

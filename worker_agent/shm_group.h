@@ -72,6 +72,8 @@ class ShmGroup {
   int local_size() const { return local_size_; }
   size_t slot_bytes() const { return slot_bytes_; }
   char* slot(int half, int local_rank) const;
+  // A half's slots are contiguous: slot(half, 0) starts half_bytes() of them.
+  size_t half_bytes() const { return slot_bytes_ * static_cast<size_t>(local_size_); }
 
   // Waits until every local rank has called Barrier() as often as this one. Throws
   // WorkerLostError when this group or `aborted` is aborted, when a local rank's process is

@@ -173,46 +173,57 @@ def test_a_slot_that_left_and_was_relaunched_is_a_member_like_any_other(
     assert all(e["code"] == 0 for e in exits), exits
 
 
+# Where a round's first collective waits for every rank, on one host: the Gloo pairs connecting
+# (with ELASTIC_SHM_COLLECTIVES=0, at the state sync's broadcast), or the shared-memory
+# broadcast of that sync (the default: those rounds connect no pairs).
+FIRST_WAIT = [pytest.param("connect", {"ELASTIC_SHM_COLLECTIVES": "0"}, id="pairs"),
+              pytest.param("shm_broadcast", {}, id="shm")]
+
+
+@pytest.mark.parametrize("hook,extra", FIRST_WAIT)
 def test_a_newcomer_killed_while_the_mesh_connects_does_not_strand_its_peers(
-        elastic_run, example, want, tmp_path):
-    """The newcomer (slot 3) dies right after it published its address for round 1: the
-    members that wait for it to connect are stuck in the mesh until the driver's ABORT reaches
-    them there. They must be back in Join within the 10 s rendezvous timeout (Gloo's own
-    connect timeout is 60 s), so the next round forms with every survivor."""
+        elastic_run, example, want, tmp_path, hook, extra):
+    """The newcomer (slot 3) dies in round 1 right before the others wait for it (after it
+    published its pair addresses, or before the sync's first barrier): the members that wait
+    for it are stuck until the driver's ABORT (or the dead pid) reaches them there. They must
+    be back in Join within the 10 s rendezvous timeout (Gloo's own connect timeout is 60 s),
+    so the next round forms with every survivor."""
     from test_elastic import Discovery
     log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
     disc = Discovery(tmp_path, "localhost:3")
     job = Job([elastic_run, "--min-np", "2", "--host-discovery-script", str(disc.script),
                "--host-failure-limit", "0", "--rendezvous-timeout", "10", "--event-log", log,
                example] + ARGS + ["--ledger", book],
-              env=hooks_env("connect@localhost:3@1@*=kill"))
+              env=dict(hooks_env(f"{hook}@localhost:3@1@*=kill"), **extra))
     try:
         job.wait_for(r"epoch 0 done")
         disc.set("localhost:4")
         check_promise(job, book, want)
     finally:
         job.kill()
-    assert "test hook connect fired: kill" in job.text()
+    assert f"test hook {hook} fired: kill" in job.text()
     assert "did not join" not in job.text(), job.text()
     rounds = formed(log)
     assert any(len(r["members"]) == 4 for r in rounds[2:]), rounds
 
 
+@pytest.mark.parametrize("hook,extra", FIRST_WAIT)
 def test_a_member_that_leaves_its_round_on_its_own_gets_its_peers_aborted(
-        elastic_run, example, want, tmp_path):
+        elastic_run, example, want, tmp_path, hook, extra):
     """Found by the soak: slot 1's mesh fails to connect in round 0 (here: a test hook throws
-    right after it published its address) and it joins again; peers that wait for it to
-    connect would wait out Gloo's 60 s connect timeout, and no new round was ever proposed.
-    Its Join tells the driver it left the round: the others are aborted and re-form at once."""
+    right after it published its address, or before the sync's first barrier) and it joins
+    again; peers that wait for it would wait out Gloo's 60 s connect timeout (or the
+    collective timeout), and no new round was ever proposed. Its Join tells the driver it left
+    the round: the others are aborted and re-form at once."""
     log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
     job = Job([elastic_run, "-np", "4", "--min-np", "2", "--rendezvous-timeout", "10",
                "--event-log", log, example] + ARGS + ["--ledger", book],
-              env=hooks_env("connect@localhost:1@0@*=lost"))
+              env=dict(hooks_env(f"{hook}@localhost:1@0@*=lost"), **extra))
     try:
         check_promise(job, book, want)
     finally:
         job.kill()
-    assert "test hook connect fired: lost" in job.text()
+    assert f"test hook {hook} fired: lost" in job.text()
     assert "did not join" not in job.text(), job.text()
     # Slot 1, or a peer whose connect to it was refused once slot 1 closed its sockets,
     # is the first to join again: either way round 0 is left and re-formed.

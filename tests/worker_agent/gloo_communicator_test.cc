@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -89,6 +90,35 @@ std::vector<std::string> RunLayout(const std::vector<int>& hosts,
   for (auto& t : threads) t.join();
   return failures;
 }
+
+// Threads of this process asleep in epoll_wait: Gloo TCP devices' loops (nothing else in
+// this test binary waits in epoll).
+int EpollThreads() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream f(e.path() / "syscall");
+    long nr = -1;
+    if (f >> nr && (nr == SYS_epoll_wait || nr == SYS_epoll_pwait)) ++n;
+  }
+  return n;
+}
+
+// Waits up to 10 s for `pred`; returns its last value.
+bool Eventually(const std::function<bool()>& pred) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// Sets an environment variable for the scope of a test.
+struct EnvGuard {
+  EnvGuard(const char* key, const char* value) : key_(key) { setenv(key, value, 1); }
+  ~EnvGuard() { unsetenv(key_); }
+  const char* key_;
+};
 
 // `n` ranks on one host.
 std::vector<std::string> RunRanks(int n, const std::function<void(GlooCommunicator&)>& body,
@@ -403,8 +433,8 @@ TEST_CASE("gloo: rounds one after another in one process keep the same threads",
     return tids;
   };
   auto round = [] {
-    // 4 ranks: a process keeps up to 4 idle collective threads (a worker has one
-    // communicator, two on a host's local rank 0 with several hosts).
+    // 4 ranks over the Gloo pairs: a process keeps up to 4 idle collective threads (a worker
+    // has one communicator, two on a host's local rank 0 with several hosts).
     return RunRanks(4, [](GlooCommunicator& c) {
       std::vector<float> v(1000, 1.f);
       c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
@@ -412,11 +442,14 @@ TEST_CASE("gloo: rounds one after another in one process keep the same threads",
       int32_t x = c.rank() == 2 ? 7 : 0;
       c.Broadcast(&x, sizeof x, 2);
       if (x != 7) throw std::runtime_error("broadcast");
-    });
+    }, 64u << 20, /*shm=*/false);
   };
   for (int r = 0; r < 2; ++r) REQUIRE(round().empty());
+  // The device's loop thread lives while a communicator uses it (it ends on a helper thread
+  // once the last one is gone); the others stay.
+  REQUIRE(Eventually([] { return EpollThreads() == 0; }));
   const auto settled = threads_now();
-  // This thread, the device's loop, the kept collective threads and helpers.
+  // This thread, the kept collective threads and helpers.
   CHECK(settled.size() > 2);
   for (int r = 0; r < 4; ++r) {
     auto failures = round();
@@ -424,11 +457,12 @@ TEST_CASE("gloo: rounds one after another in one process keep the same threads",
     for (auto& f : failures) WARN(f);
   }
   // The same threads are still there; helpers may have been added (the pool grows with the
-  // pairs connecting at once, up to 15), nothing beyond this thread, the loop, 4 kept
-  // collective threads and 15 helpers.
+  // pairs connecting at once, up to 15), nothing beyond this thread, 4 kept collective
+  // threads and 15 helpers.
+  REQUIRE(Eventually([] { return EpollThreads() == 0; }));
   const auto after = threads_now();
   CHECK(std::includes(after.begin(), after.end(), settled.begin(), settled.end()));
-  CHECK(after.size() <= 1 + 1 + 4 + 15);
+  CHECK(after.size() <= 1 + 4 + 15);
 }
 
 TEST_CASE("gloo: a rank that goes away fails its peers' collective with WorkerLostError",
@@ -584,11 +618,12 @@ class CancellableStore : public RoundStore {
   std::atomic<bool> cancelled_{false};
 };
 
-TEST_CASE("gloo: on one host the pairs connect at the first broadcast, allgather or barrier",
+TEST_CASE("gloo: on one host without shm collectives the pairs connect at their first use",
           "[unit]") {
   const std::string first = GENERATE(std::string("broadcast"), std::string("allgather"),
                                      std::string("barrier"));
   INFO("first flat collective: " << first);
+  EnvGuard pairs("ELASTIC_SHM_COLLECTIVES", "0");  // these three over the pairs
   std::atomic<int> lazy{0}, connected{0};
   auto failures = RunRanks(4, [&](GlooCommunicator& c) {
     if (!c.hierarchical()) throw std::runtime_error("not hierarchical");
@@ -622,6 +657,161 @@ TEST_CASE("gloo: on one host the pairs connect at the first broadcast, allgather
   CHECK(connected.load() == 4);
 }
 
+TEST_CASE("gloo: the device's loop thread runs only while connected pairs use it", "[unit]") {
+  // Debian's Gloo wakes a device's loop every 10 ms. A round whose pairs never connect (one
+  // host, shared memory) must not keep one: on a host of a hundred workers those wake-ups
+  // take the cores a recovery needs.
+  const int base = EpollThreads();
+  auto every_collective = [](GlooCommunicator& c) {
+    std::vector<float> v(100, 1.0f);
+    c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
+    int x = c.rank() == 1 ? 5 : 0;
+    c.Broadcast(&x, sizeof x, 1);
+    auto all = c.Allgather(&x, sizeof x);
+    c.Barrier();
+    if (v[0] != 4.0f || x != 5 || all.size() != 4) throw std::runtime_error("wrong result");
+  };
+  // The first communicator of the process makes the device (New checks the address), and
+  // lets it go once it knows it will connect no pairs (it ends on a helper thread).
+  std::atomic<int> loops{-1};
+  for (int round = 0; round < 2; ++round) {
+    auto failures = RunRanks(4, [&](GlooCommunicator& c) {
+      if (!c.shm_collectives()) throw std::runtime_error("no shm collectives");
+      every_collective(c);
+      if (c.rank() == 0) {
+        Eventually([&] { return EpollThreads() == base; });
+        loops = EpollThreads() - base;
+      }
+      c.Barrier();  // every rank's communicator lives until rank 0 counted
+      if (c.pairs_connected()) throw std::runtime_error("pairs connected");
+    });
+    INFO("round " << round);
+    CHECK(failures.empty());
+    for (auto& f : failures) WARN(f);
+    CHECK(loops.load() == 0);
+  }
+  std::vector<std::string> failures;
+  {
+    EnvGuard pairs("ELASTIC_SHM_COLLECTIVES", "0");  // broadcast and the rest over the pairs
+    failures = RunRanks(4, [&](GlooCommunicator& c) {
+      every_collective(c);
+      if (c.rank() == 0) {  // the loop may be busy (not in epoll_wait) for a moment
+        Eventually([&] { return EpollThreads() - base == 1; });
+        loops = EpollThreads() - base;
+      }
+      c.Barrier();
+    });
+  }
+  CHECK(failures.empty());
+  for (auto& f : failures) WARN(f);
+  CHECK(loops.load() == 1);  // one device for the 4 ranks of the process
+  CHECK(Eventually([&] { return EpollThreads() == base; }));
+}
+
+TEST_CASE("gloo: on one host broadcast, allgather and barrier go through shared memory",
+          "[unit]") {
+  // Small slots (4 KiB; a half of n of them) so that parts of a few KiB take several chunks;
+  // allreduces in between, so that consecutive collectives share the halves' alternation.
+  // Sizes and roots are random (seed printed); every rank draws the same sequence.
+  const int n = GENERATE(2, 3, 5);
+  const uint32_t seed = std::random_device{}();
+  INFO("ranks " << n << ", seed " << seed);
+  auto failures = RunLayout(
+      {n},
+      [&](GlooCommunicator& c) {
+        if (!c.shm_collectives()) throw std::runtime_error("no shm collectives");
+        std::mt19937 rng(seed);
+        const size_t slot = 4096, half = slot * static_cast<size_t>(n);
+        const std::vector<size_t> edges{1, 7, slot - 16, slot - 15, slot, half - 1, half,
+                                        half + 1, 3 * half + 17};
+        auto pick = [&] {
+          return rng() % 3 == 0 ? static_cast<size_t>(rng() % 4) : edges[rng() % edges.size()];
+        };
+        auto byte = [](int who, size_t i, int it) {
+          return static_cast<char>((who * 131 + i * 7 + static_cast<size_t>(it) * 17) & 0xff);
+        };
+        for (int it = 0; it < 40; ++it) {
+          const int root = static_cast<int>(rng() % static_cast<uint32_t>(n));
+          const size_t bytes = pick();
+          std::vector<char> b(bytes);
+          for (size_t i = 0; i < bytes; ++i) b[i] = c.rank() == root ? byte(root, i, it) : 0;
+          c.Broadcast(b.data(), b.size(), root);
+          for (size_t i = 0; i < bytes; ++i) {
+            if (b[i] != byte(root, i, it)) {
+              throw std::runtime_error("broadcast of " + std::to_string(bytes) + " from " +
+                                       std::to_string(root) + ": byte " + std::to_string(i));
+            }
+          }
+          std::vector<size_t> sizes(n);
+          for (auto& z : sizes) z = pick();
+          std::vector<char> mine(sizes[c.rank()]);
+          for (size_t i = 0; i < mine.size(); ++i) mine[i] = byte(c.rank(), i, it);
+          auto all = c.Allgather(mine.data(), mine.size());
+          if (all.size() != static_cast<size_t>(n)) throw std::runtime_error("allgather size");
+          for (int r = 0; r < n; ++r) {
+            bool same = all[r].size() == sizes[r];
+            for (size_t i = 0; same && i < sizes[r]; ++i) same = all[r][i] == byte(r, i, it);
+            if (!same) {
+              throw std::runtime_error("allgather: rank " + std::to_string(r) + "'s part of " +
+                                       std::to_string(sizes[r]) + " bytes");
+            }
+          }
+          std::vector<float> v(rng() % 3000 + 1, static_cast<float>(c.rank() + 1));
+          c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
+          if (v.front() != n * (n + 1) / 2.0f || v.back() != v.front()) {
+            throw std::runtime_error("allreduce");
+          }
+          if (rng() % 2) c.Barrier();
+        }
+        if (c.pairs_connected()) throw std::runtime_error("the pairs connected");
+      },
+      [](int, GlooOptions& o) { o.shm_slot_bytes = 4096; });
+  CHECK(failures.empty());
+  for (auto& f : failures) WARN(f);
+}
+
+TEST_CASE("gloo: an abort ends a shared-memory broadcast, allgather or barrier", "[unit]") {
+  // Rank 2 never comes; ranks 0 and 1 wait for it in the segment's barrier until rank 0's
+  // communicator is aborted (as the Agent does when the driver says a peer is gone).
+  const std::string what = GENERATE(std::string("broadcast"), std::string("allgather"),
+                                    std::string("barrier"));
+  std::atomic<int> lost{0};
+  std::atomic<bool> late{false};
+  std::promise<void> released;
+  auto release = released.get_future().share();
+  std::atomic<int> finished{0};
+  auto failures = RunRanks(3, [&](GlooCommunicator& c) {
+    if (!c.shm_collectives()) throw std::runtime_error("no shm collectives");
+    if (c.rank() == 2) {
+      release.wait_for(std::chrono::seconds(60));
+      return;
+    }
+    std::thread aborter;
+    if (c.rank() == 0) {
+      aborter = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        c.Abort();
+      });
+    }
+    auto t0 = SteadyClock::now();
+    std::vector<char> data(100000, 1);
+    try {
+      if (what == "broadcast") c.Broadcast(data.data(), data.size(), 0);
+      if (what == "allgather") c.Allgather(data.data(), data.size());
+      if (what == "barrier") c.Barrier();
+    } catch (const WorkerLostError& e) {
+      if (std::string(e.what()).find(what) != std::string::npos) lost.fetch_add(1);
+    }
+    if (SteadyClock::now() - t0 > std::chrono::seconds(10)) late = true;
+    if (aborter.joinable()) aborter.join();
+    if (finished.fetch_add(1) + 1 == 2) released.set_value();
+  });
+  CHECK(failures.empty());
+  for (auto& f : failures) WARN(f);
+  CHECK(lost.load() == 2);
+  CHECK_FALSE(late.load());
+}
+
 TEST_CASE("gloo: ELASTIC_GLOO_LAZY_PAIRS=0 connects the pairs in Connect", "[unit]") {
   setenv("ELASTIC_GLOO_LAZY_PAIRS", "0", 1);
   std::atomic<int> connected{0};
@@ -640,6 +830,7 @@ TEST_CASE("gloo: an abort ends a first broadcast that waits for a silent peer to
   // Two ranks on one host: rank 1 is built and alive but never broadcasts, so rank 0's
   // broadcast waits in the store for rank 1's addresses. The abort (and the store's wait
   // cancelled, as the Agent does) ends it with WorkerLostError, not the 30 s connect timeout.
+  EnvGuard pairs("ELASTIC_SHM_COLLECTIVES", "0");  // the broadcast over the pairs
   Core core(rendezvous::CoreOptions{});
   std::map<std::string, rendezvous::Assignment> members;
   for (int i = 0; i < 2; ++i) members["h:" + std::to_string(i)].rank = i;
