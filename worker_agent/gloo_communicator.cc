@@ -705,9 +705,10 @@ Status GlooCommunicator::Connect(RoundStore* store) {
   return Attempt([&] {
     ShmPlan plan;
     Status s = PlanShm(store, &plan);
-    // Every rank on one host with the shared-memory allreduce: the flat pairs serve only
-    // broadcast, allgather and barrier, so they connect at the first of those (EnsurePairs),
-    // which a round without a state sync may never call.
+    // Every rank on one host with the shared-memory allreduce: the flat pairs would serve
+    // only broadcast, allgather and barrier, which go through the segment too unless
+    // ELASTIC_SHM_COLLECTIVES=0; then they connect at the first of those (EnsurePairs), which
+    // a round without a state sync may never call.
     const char* flat_env = std::getenv("ELASTIC_SHM_COLLECTIVES");
     shm_flat_ = !(flat_env && std::string(flat_env) == "0");
     const char* lazy_env = std::getenv("ELASTIC_GLOO_LAZY_PAIRS");

@@ -271,8 +271,8 @@ void ShmGroup::Barrier(const std::atomic<bool>& aborted, TimePoint deadline) {
   auto fail = [&] {
     throw WorkerLostError(
         header_->aborted.load() == kAbortedTimeout
-            ? "host barrier (shared memory): a local rank timed out waiting for the other ranks of "
-              "this host"
+            ? "host barrier (shared memory): a local rank timed out waiting for the other "
+              "ranks of this host"
             : "host barrier (shared memory): aborted (a peer is gone)");
   };
   if (header_->aborted.load(std::memory_order_acquire) || aborted.load()) fail();

@@ -175,6 +175,10 @@ class Soak:
                     time.sleep(0.1)
                     continue
                 time.sleep(rng.uniform(0.2, 1.2))
+                # Again after the pause: epochs can be shorter than it (seed 75897288 killed
+                # a worker while the job was finishing, checked only before the pause).
+                if self.near_end(job):
+                    continue
                 ev.poll()
                 formed = ev.last("round_formed")
                 if formed is None:
