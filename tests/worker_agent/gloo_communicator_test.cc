@@ -93,13 +93,22 @@ std::vector<std::string> RunLayout(const std::vector<int>& hosts,
 
 // Threads of this process asleep in epoll_wait: Gloo TCP devices' loops (nothing else in
 // this test binary waits in epoll).
-int EpollThreads() {
-  int n = 0;
+std::set<std::string> EpollThreadIds() {
+  std::set<std::string> tids;
   for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
     std::ifstream f(e.path() / "syscall");
     long nr = -1;
-    if (f >> nr && (nr == SYS_epoll_wait || nr == SYS_epoll_pwait)) ++n;
+    if (f >> nr && (nr == SYS_epoll_wait || nr == SYS_epoll_pwait)) {
+      tids.insert(e.path().filename().string());
+    }
   }
+  return tids;
+}
+
+// Those not in `before` (devices of earlier tests in the same process may end meanwhile).
+int NewEpollThreads(const std::set<std::string>& before) {
+  int n = 0;
+  for (const auto& t : EpollThreadIds()) n += before.count(t) == 0;
   return n;
 }
 
@@ -425,11 +434,13 @@ TEST_CASE("gloo: fusion of 1000 tensors of mixed sizes and dtypes", "[unit]") {
 // thread), hands the collective threads on, and connects and closes pairs on threads it
 // keeps: after the first rounds, the threads that are there stay, and few are added.
 TEST_CASE("gloo: rounds one after another in one process keep the same threads", "[unit]") {
-  auto threads_now = [] {
+  const auto earlier_loops = EpollThreadIds();  // of earlier tests in this process, if any
+  auto threads_now = [&] {
     std::set<std::string> tids;
     for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
       tids.insert(e.path().filename().string());
     }
+    for (const auto& t : earlier_loops) tids.erase(t);
     return tids;
   };
   auto round = [] {
@@ -447,7 +458,7 @@ TEST_CASE("gloo: rounds one after another in one process keep the same threads",
   for (int r = 0; r < 2; ++r) REQUIRE(round().empty());
   // The device's loop thread lives while a communicator uses it (it ends on a helper thread
   // once the last one is gone); the others stay.
-  REQUIRE(Eventually([] { return EpollThreads() == 0; }));
+  REQUIRE(Eventually([&] { return NewEpollThreads(earlier_loops) == 0; }));
   const auto settled = threads_now();
   // This thread, the kept collective threads and helpers.
   CHECK(settled.size() > 2);
@@ -459,7 +470,7 @@ TEST_CASE("gloo: rounds one after another in one process keep the same threads",
   // The same threads are still there; helpers may have been added (the pool grows with the
   // pairs connecting at once, up to 15), nothing beyond this thread, 4 kept collective
   // threads and 15 helpers.
-  REQUIRE(Eventually([] { return EpollThreads() == 0; }));
+  REQUIRE(Eventually([&] { return NewEpollThreads(earlier_loops) == 0; }));
   const auto after = threads_now();
   CHECK(std::includes(after.begin(), after.end(), settled.begin(), settled.end()));
   CHECK(after.size() <= 1 + 4 + 15);
@@ -661,7 +672,7 @@ TEST_CASE("gloo: the device's loop thread runs only while connected pairs use it
   // Debian's Gloo wakes a device's loop every 10 ms. A round whose pairs never connect (one
   // host, shared memory) must not keep one: on a host of a hundred workers those wake-ups
   // take the cores a recovery needs.
-  const int base = EpollThreads();
+  const auto base = EpollThreadIds();  // of earlier tests in this process, if any
   auto every_collective = [](GlooCommunicator& c) {
     std::vector<float> v(100, 1.0f);
     c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
@@ -679,8 +690,8 @@ TEST_CASE("gloo: the device's loop thread runs only while connected pairs use it
       if (!c.shm_collectives()) throw std::runtime_error("no shm collectives");
       every_collective(c);
       if (c.rank() == 0) {
-        Eventually([&] { return EpollThreads() == base; });
-        loops = EpollThreads() - base;
+        Eventually([&] { return NewEpollThreads(base) == 0; });
+        loops = NewEpollThreads(base);
       }
       c.Barrier();  // every rank's communicator lives until rank 0 counted
       if (c.pairs_connected()) throw std::runtime_error("pairs connected");
@@ -696,8 +707,8 @@ TEST_CASE("gloo: the device's loop thread runs only while connected pairs use it
     failures = RunRanks(4, [&](GlooCommunicator& c) {
       every_collective(c);
       if (c.rank() == 0) {  // the loop may be busy (not in epoll_wait) for a moment
-        Eventually([&] { return EpollThreads() - base == 1; });
-        loops = EpollThreads() - base;
+        Eventually([&] { return NewEpollThreads(base) == 1; });
+        loops = NewEpollThreads(base);
       }
       c.Barrier();
     });
@@ -705,7 +716,7 @@ TEST_CASE("gloo: the device's loop thread runs only while connected pairs use it
   CHECK(failures.empty());
   for (auto& f : failures) WARN(f);
   CHECK(loops.load() == 1);  // one device for the 4 ranks of the process
-  CHECK(Eventually([&] { return EpollThreads() == base; }));
+  CHECK(Eventually([&] { return NewEpollThreads(base) == 0; }));
 }
 
 TEST_CASE("gloo: on one host broadcast, allgather and barrier go through shared memory",
