@@ -40,10 +40,16 @@ int main(int argc, char** argv) {
     std::vector<float> buf(bytes / 4, 1.0f);
     double s = TimeIt(c, ItersFor(bytes),
                       [&] { c.Allreduce(buf.data(), buf.size(), DataType::kF32, ReduceOp::kSum); });
+    // A broadcast of the same bytes from rank 0 (what a state sync does): on one host through
+    // the shared memory, or over the Gloo pairs (--no-shm-allreduce).
+    double b = TimeIt(c, ItersFor(bytes), [&] { c.Broadcast(buf.data(), bytes, 0); });
     if (c.rank() == 0) {
       std::printf(
           "{\"impl\": \"elastic\", \"what\": \"allreduce\", \"bytes\": %zu, \"seconds\": %.9f}\n",
           bytes, s);
+      std::printf(
+          "{\"impl\": \"elastic\", \"what\": \"broadcast\", \"bytes\": %zu, \"seconds\": %.9f}\n",
+          bytes, b);
       // The anchor for the machine's memory: one memcpy of the same bytes, on one core while
       // the other ranks wait in a barrier.
       std::vector<char> src(bytes, 1), dst(bytes, 0);

@@ -33,9 +33,12 @@ def worker(rank, size, port, sizes):
     for nbytes in sizes:
         buf = torch.ones(nbytes // 4, dtype=torch.float32)
         s = time_it(iters_for(nbytes), lambda: dist.all_reduce(buf))
+        b = time_it(iters_for(nbytes), lambda: dist.broadcast(buf, 0))
         if rank == 0:
             print(json.dumps({"impl": "torch", "what": "allreduce", "bytes": nbytes,
                               "seconds": s}), flush=True)
+            print(json.dumps({"impl": "torch", "what": "broadcast", "bytes": nbytes,
+                              "seconds": b}), flush=True)
     tensors = [torch.ones(1024, dtype=torch.float32) for _ in range(1000)]
 
     def per_tensor():
