@@ -98,6 +98,11 @@ void KillAdopted() {
 
 }  // namespace
 
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
 StatusOr<int> RaiseOwnPriority(int boost) {
   errno = 0;
   int before = getpriority(PRIO_PROCESS, 0);

@@ -35,6 +35,9 @@ struct LaunchSpec {
 // keep busy, its reaction to a failure (aborts, the next round) waited for a time slice.
 StatusOr<int> RaiseOwnPriority(int boost);
 
+// This process's environment variable `name`, or "" when it is not set.
+std::string Env(const char* name);
+
 class Process {
  public:
   // Starts the process; NOT_FOUND (exit 127 semantics) when argv[0] cannot be executed.

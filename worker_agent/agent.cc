@@ -15,11 +15,6 @@
 namespace elastic {
 namespace {
 
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
 // The local address that routes to the driver: where peers can reach this worker.
 std::string LocalAddressTowards(const std::string& driver_addr) {
   size_t colon = driver_addr.rfind(':');

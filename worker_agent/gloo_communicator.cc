@@ -27,6 +27,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/process.h"
 #include "common/test_hook.h"
 #include "worker_agent/shm_group.h"
 
@@ -709,11 +710,9 @@ Status GlooCommunicator::Connect(RoundStore* store) {
     // only broadcast, allgather and barrier, which go through the segment too unless
     // ELASTIC_SHM_COLLECTIVES=0; then they connect at the first of those (EnsurePairs), which
     // a round without a state sync may never call.
-    const char* flat_env = std::getenv("ELASTIC_SHM_COLLECTIVES");
-    shm_flat_ = !(flat_env && std::string(flat_env) == "0");
-    const char* lazy_env = std::getenv("ELASTIC_GLOO_LAZY_PAIRS");
+    shm_flat_ = Env("ELASTIC_SHM_COLLECTIVES") != "0";
     const bool lazy = plan.want && topo_.cross_size == 1 && topo_.size > 1 &&
-                      !(lazy_env && std::string(lazy_env) == "0");
+                      Env("ELASTIC_GLOO_LAZY_PAIRS") != "0";
     if (s.ok() && lazy) {
       lazy_store_ = store;
       if (!plan.fetch_key.empty()) {
@@ -760,8 +759,7 @@ Status GlooCommunicator::ConnectPairs(RoundStore* store, const std::string& extr
   std::shared_ptr<gloo::transport::Context> pairs = device->createContext(topo_.rank, topo_.size);
   pairs->setTimeout(timeout);
   std::vector<int> peers_to;
-  const char* full_env = std::getenv("ELASTIC_GLOO_FULL_MESH");
-  if (options_.full_mesh || (full_env && std::string(full_env) == "1")) {
+  if (options_.full_mesh || Env("ELASTIC_GLOO_FULL_MESH") == "1") {
     for (int i = 0; i < topo_.size; ++i) {
       if (i != topo_.rank) peers_to.push_back(i);
     }
@@ -890,8 +888,7 @@ std::unique_ptr<ShmGroup> GlooCommunicator::OpenSegment(const std::string& descr
 
 Status GlooCommunicator::PlanShm(RoundStore* store, ShmPlan* plan) {
   if (!SomeHostShared()) return Status::Ok();
-  const char* env = std::getenv("ELASTIC_SHM_ALLREDUCE");
-  plan->want = options_.shm && !(env && std::string(env) == "0");
+  plan->want = options_.shm && Env("ELASTIC_SHM_ALLREDUCE") != "0";
   if (topo_.local_size < 2) return Status::Ok();
   const std::string key = "shm/" + std::to_string(topo_.cross_rank);
   if (topo_.local_rank != 0) {
@@ -1169,6 +1166,7 @@ void GlooCommunicator::Inline(const char* what, const std::function<void()>& fn)
   } catch (const gloo::Exception& e) {
     throw lost(std::string("failed, a peer is gone: ") + e.what());
   } catch (const WorkerLostError& e) {
+    if (shm_) shm_->Abort();  // the local ranks waiting for this one stop waiting
     const std::string why = e.what();
     if (why.rfind(what, 0) == 0) throw;  // named already (the cross-host communicator's)
     throw lost(why);
@@ -1209,72 +1207,67 @@ void GlooCommunicator::HierarchicalAllreduce(void* data, size_t count, DataType 
                                              ReduceOp op) {
   // The cross-host ring sums; the average divides once, by the whole size, at the end.
   const ReduceOp cross_op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-  try {
-    const size_t es = DataTypeSize(dtype);
-    const size_t chunk = chunk_bytes_ / es;
-    if (!shm_) {
-      // The only rank of its host: straight into the cross-host ring, in the same chunks as
-      // the other hosts.
-      char* bytes = static_cast<char*>(data);
-      for (size_t off = 0; off < count; off += chunk) {
-        cross_->Allreduce(bytes + off * es, std::min(chunk, count - off), dtype, cross_op);
-      }
-    } else {
-      const TimePoint deadline = SteadyClock::now() + options_.collective_timeout;
-      const int local_size = shm_->local_size(), me = shm_->local_rank();
-      const bool cross_phase = topo_.cross_size > 1;
-      // Local rank r reduces slice r of each chunk (whole cache lines), reading its own
-      // slice from its own buffer: that slice is never copied in. The result goes to slot 0
-      // of the half (slice 0 there is free: rank 0 never copies it in), where the cross-host
-      // ring finds it whole.
-      const size_t line = std::max<size_t>(1, 64 / es);
-      const auto fn = ReduceFunc(dtype, cross_op);
-      char* bytes = static_cast<char*>(data);
-      // The reduction runs a block at a time in a buffer that stays in the L1 cache: each
-      // input is read once, the result written once.
-      constexpr size_t kBlockBytes = 16 << 10;
-      alignas(64) char acc[kBlockBytes];
-      const size_t block = kBlockBytes / es;
-      for (size_t off = 0; off < count; off += chunk) {
-        const size_t n = std::min(chunk, count - off);
-        const int half = static_cast<int>(chunks_++ & 1);
-        char* mine = bytes + off * es;
-        const size_t per = ((n + local_size - 1) / local_size + line - 1) / line * line;
-        auto slice = [&](int r) {
-          size_t b = std::min(n, per * r);
-          return std::make_pair(b, std::min(n, b + per));
-        };
-        auto [b, e] = slice(me);
-        // Copy in everything but this rank's own slice.
-        std::memcpy(shm_->slot(half, me), mine, b * es);
-        std::memcpy(shm_->slot(half, me) + e * es, mine + e * es, (n - e) * es);
-        shm_->Barrier(aborted_, deadline);
-        TestHook("shm_reduce", static_cast<int64_t>(chunks_ - 1));
-        char* out = shm_->slot(half, 0);
-        for (size_t k = b; k < e; k += block) {
-          const size_t m = std::min(block, e - k);
-          auto input = [&](int r) { return r == me ? mine + k * es : shm_->slot(half, r) + k * es; };
-          std::memcpy(acc, input(0), m * es);
-          for (int r = 1; r < local_size; ++r) fn(acc, acc, input(r), m);
-          std::memcpy(out + k * es, acc, m * es);
-          if (!cross_phase) std::memcpy(mine + k * es, acc, m * es);
-        }
-        shm_->Barrier(aborted_, deadline);
-        if (cross_phase) {
-          if (cross_) cross_->Allreduce(out, n, dtype, cross_op);
-          shm_->Barrier(aborted_, deadline);
-          std::memcpy(mine, out, n * es);
-        } else {
-          // Copy out the others' slices (this rank's own is in place already).
-          std::memcpy(mine, out, b * es);
-          std::memcpy(mine + e * es, out + e * es, (n - e) * es);
-        }
-        // The next chunk uses the other half: no barrier is needed after the copy-out.
-      }
+  const size_t es = DataTypeSize(dtype);
+  const size_t chunk = chunk_bytes_ / es;
+  if (!shm_) {
+    // The only rank of its host: straight into the cross-host ring, in the same chunks as
+    // the other hosts.
+    char* bytes = static_cast<char*>(data);
+    for (size_t off = 0; off < count; off += chunk) {
+      cross_->Allreduce(bytes + off * es, std::min(chunk, count - off), dtype, cross_op);
     }
-  } catch (const WorkerLostError&) {
-    if (shm_) shm_->Abort();  // the local ranks waiting for this one stop waiting
-    throw;
+  } else {
+    const TimePoint deadline = SteadyClock::now() + options_.collective_timeout;
+    const int local_size = shm_->local_size(), me = shm_->local_rank();
+    const bool cross_phase = topo_.cross_size > 1;
+    // Local rank r reduces slice r of each chunk (whole cache lines), reading its own
+    // slice from its own buffer: that slice is never copied in. The result goes to slot 0
+    // of the half (slice 0 there is free: rank 0 never copies it in), where the cross-host
+    // ring finds it whole.
+    const size_t line = std::max<size_t>(1, 64 / es);
+    const auto fn = ReduceFunc(dtype, cross_op);
+    char* bytes = static_cast<char*>(data);
+    // The reduction runs a block at a time in a buffer that stays in the L1 cache: each
+    // input is read once, the result written once.
+    constexpr size_t kBlockBytes = 16 << 10;
+    alignas(64) char acc[kBlockBytes];
+    const size_t block = kBlockBytes / es;
+    for (size_t off = 0; off < count; off += chunk) {
+      const size_t n = std::min(chunk, count - off);
+      const int half = static_cast<int>(chunks_++ & 1);
+      char* mine = bytes + off * es;
+      const size_t per = ((n + local_size - 1) / local_size + line - 1) / line * line;
+      auto slice = [&](int r) {
+        size_t b = std::min(n, per * r);
+        return std::make_pair(b, std::min(n, b + per));
+      };
+      auto [b, e] = slice(me);
+      // Copy in everything but this rank's own slice.
+      std::memcpy(shm_->slot(half, me), mine, b * es);
+      std::memcpy(shm_->slot(half, me) + e * es, mine + e * es, (n - e) * es);
+      shm_->Barrier(aborted_, deadline);
+      TestHook("shm_reduce", static_cast<int64_t>(chunks_ - 1));
+      char* out = shm_->slot(half, 0);
+      for (size_t k = b; k < e; k += block) {
+        const size_t m = std::min(block, e - k);
+        auto input = [&](int r) { return r == me ? mine + k * es : shm_->slot(half, r) + k * es; };
+        std::memcpy(acc, input(0), m * es);
+        for (int r = 1; r < local_size; ++r) fn(acc, acc, input(r), m);
+        std::memcpy(out + k * es, acc, m * es);
+        if (!cross_phase) std::memcpy(mine + k * es, acc, m * es);
+      }
+      shm_->Barrier(aborted_, deadline);
+      if (cross_phase) {
+        if (cross_) cross_->Allreduce(out, n, dtype, cross_op);
+        shm_->Barrier(aborted_, deadline);
+        std::memcpy(mine, out, n * es);
+      } else {
+        // Copy out the others' slices (this rank's own is in place already).
+        std::memcpy(mine, out, b * es);
+        std::memcpy(mine + e * es, out + e * es, (n - e) * es);
+      }
+      // The next chunk uses the other half: no barrier is needed after the copy-out.
+    }
   }
   if (op == ReduceOp::kAvg) DivideAll(data, count, dtype, topo_.size);
 }
@@ -1305,21 +1298,16 @@ void GlooCommunicator::AllreduceMany(const std::vector<TensorView>& tensors, Red
 // copy in and the copies out) and none after: the half a rank still reads from is written
 // again only two chunks later, after a barrier that rank has not reached yet.
 void GlooCommunicator::ShmBroadcast(char* data, size_t bytes, int root) {
-  try {
-    const TimePoint deadline = SteadyClock::now() + options_.collective_timeout;
-    const size_t cap = shm_->half_bytes();
-    for (size_t off = 0; off < bytes; off += cap) {
-      const size_t n = std::min(cap, bytes - off);
-      const int half = static_cast<int>(chunks_++ & 1);
-      char* buf = shm_->slot(half, 0);
-      if (topo_.rank == root) std::memcpy(buf, data + off, n);
-      TestHook("shm_broadcast", static_cast<int64_t>(off / cap));
-      shm_->Barrier(aborted_, deadline);
-      if (topo_.rank != root) std::memcpy(data + off, buf, n);
-    }
-  } catch (const WorkerLostError&) {
-    shm_->Abort();  // the local ranks waiting for this one stop waiting
-    throw;
+  const TimePoint deadline = SteadyClock::now() + options_.collective_timeout;
+  const size_t cap = shm_->half_bytes();
+  for (size_t off = 0; off < bytes; off += cap) {
+    const size_t n = std::min(cap, bytes - off);
+    const int half = static_cast<int>(chunks_++ & 1);
+    char* buf = shm_->slot(half, 0);
+    if (topo_.rank == root) std::memcpy(buf, data + off, n);
+    TestHook("shm_broadcast", static_cast<int64_t>(off / cap));
+    shm_->Barrier(aborted_, deadline);
+    if (topo_.rank != root) std::memcpy(data + off, buf, n);
   }
 }
 
@@ -1332,56 +1320,51 @@ std::vector<std::vector<char>> GlooCommunicator::ShmAllgather(const char* data, 
     int64_t bytes;
   };
   std::vector<std::vector<char>> out(topo_.size);
-  try {
-    const TimePoint deadline = SteadyClock::now() + options_.collective_timeout;
-    const int local_size = shm_->local_size(), me = shm_->local_rank();
-    const size_t slot = shm_->slot_bytes(), first = slot - sizeof(Head);
-    std::vector<int> rank_of(local_size, -1);
-    size_t chunks = 1;
-    for (size_t j = 0; j < chunks; ++j) {
-      const int half = static_cast<int>(chunks_++ & 1);
-      // What of a part of `size` bytes chunk j holds: [begin, end), at `at` in the slot.
-      auto piece = [&](size_t size, size_t* begin, size_t* end) {
-        *begin = j == 0 ? 0 : first + (j - 1) * slot;
-        *end = std::min(size, j == 0 ? first : *begin + slot);
-        *begin = std::min(*begin, *end);
-        return j == 0 ? sizeof(Head) : 0;
-      };
-      char* mine = shm_->slot(half, me);
-      if (j == 0) {
-        Head h{topo_.rank, static_cast<int64_t>(bytes)};
-        std::memcpy(mine, &h, sizeof h);
-      }
-      size_t b, e;
-      size_t at = piece(bytes, &b, &e);
-      if (e > b) std::memcpy(mine + at, data + b, e - b);
-      TestHook("shm_allgather", static_cast<int64_t>(j));
-      shm_->Barrier(aborted_, deadline);
-      if (j == 0) {
-        size_t largest = 0;
-        for (int l = 0; l < local_size; ++l) {
-          Head h;
-          std::memcpy(&h, shm_->slot(half, l), sizeof h);
-          if (h.rank < 0 || h.rank >= topo_.size || h.bytes < 0 ||
-              std::count(rank_of.begin(), rank_of.end(), h.rank) > 0) {
-            throw WorkerLostError("allgather: local rank " + std::to_string(l) +
-                                  " wrote a bad header (rank " + std::to_string(h.rank) + ")");
-          }
-          rank_of[l] = static_cast<int>(h.rank);
-          out[h.rank].resize(static_cast<size_t>(h.bytes));
-          largest = std::max(largest, static_cast<size_t>(h.bytes));
-        }
-        if (largest > first) chunks = 1 + (largest - first + slot - 1) / slot;
-      }
-      for (int l = 0; l < local_size; ++l) {
-        std::vector<char>& part = out[rank_of[l]];
-        at = piece(part.size(), &b, &e);
-        if (e > b) std::memcpy(part.data() + b, shm_->slot(half, l) + at, e - b);
-      }
+  const TimePoint deadline = SteadyClock::now() + options_.collective_timeout;
+  const int local_size = shm_->local_size(), me = shm_->local_rank();
+  const size_t slot = shm_->slot_bytes(), first = slot - sizeof(Head);
+  std::vector<int> rank_of(local_size, -1);
+  size_t chunks = 1;
+  for (size_t j = 0; j < chunks; ++j) {
+    const int half = static_cast<int>(chunks_++ & 1);
+    // What of a part of `size` bytes chunk j holds: [begin, end), at `at` in the slot.
+    auto piece = [&](size_t size, size_t* begin, size_t* end) {
+      *begin = j == 0 ? 0 : first + (j - 1) * slot;
+      *end = std::min(size, j == 0 ? first : *begin + slot);
+      *begin = std::min(*begin, *end);
+      return j == 0 ? sizeof(Head) : 0;
+    };
+    char* mine = shm_->slot(half, me);
+    if (j == 0) {
+      Head h{topo_.rank, static_cast<int64_t>(bytes)};
+      std::memcpy(mine, &h, sizeof h);
     }
-  } catch (const WorkerLostError&) {
-    shm_->Abort();  // the local ranks waiting for this one stop waiting
-    throw;
+    size_t b, e;
+    size_t at = piece(bytes, &b, &e);
+    if (e > b) std::memcpy(mine + at, data + b, e - b);
+    TestHook("shm_allgather", static_cast<int64_t>(j));
+    shm_->Barrier(aborted_, deadline);
+    if (j == 0) {
+      size_t largest = 0;
+      for (int l = 0; l < local_size; ++l) {
+        Head h;
+        std::memcpy(&h, shm_->slot(half, l), sizeof h);
+        if (h.rank < 0 || h.rank >= topo_.size || h.bytes < 0 ||
+            std::count(rank_of.begin(), rank_of.end(), h.rank) > 0) {
+          throw WorkerLostError("allgather: local rank " + std::to_string(l) +
+                                " wrote a bad header (rank " + std::to_string(h.rank) + ")");
+        }
+        rank_of[l] = static_cast<int>(h.rank);
+        out[h.rank].resize(static_cast<size_t>(h.bytes));
+        largest = std::max(largest, static_cast<size_t>(h.bytes));
+      }
+      if (largest > first) chunks = 1 + (largest - first + slot - 1) / slot;
+    }
+    for (int l = 0; l < local_size; ++l) {
+      std::vector<char>& part = out[rank_of[l]];
+      at = piece(part.size(), &b, &e);
+      if (e > b) std::memcpy(part.data() + b, shm_->slot(half, l) + at, e - b);
+    }
   }
   return out;
 }
@@ -1452,14 +1435,8 @@ std::vector<std::vector<char>> GlooCommunicator::Allgather(const void* data, siz
 void GlooCommunicator::Barrier() {
   if (topo_.size == 1) return;
   if (shm_collectives()) {
-    Inline("barrier", [&] {
-      try {
-        shm_->Barrier(aborted_, SteadyClock::now() + options_.collective_timeout);
-      } catch (const WorkerLostError&) {
-        shm_->Abort();  // the local ranks waiting for this one stop waiting
-        throw;
-      }
-    });
+    Inline("barrier",
+           [&] { shm_->Barrier(aborted_, SteadyClock::now() + options_.collective_timeout); });
     return;
   }
   RequirePairs("barrier");

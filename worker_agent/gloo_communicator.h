@@ -195,7 +195,8 @@ class GlooCommunicator : public Communicator {
              Duration grace = std::chrono::milliseconds(500));
   // Runs `fn` on the caller's thread with Guard's bookkeeping (the abort checks, the counters
   // of the hang watch, gloo::Exception as WorkerLostError): for work whose every wait ends at
-  // an abort by itself (the hierarchical allreduce).
+  // an abort by itself (the hierarchical allreduce, the shared-memory collectives). A
+  // WorkerLostError also aborts the host's segment, so its other local ranks stop waiting.
   void Inline(const char* what, const std::function<void()>& fn);
   class Running;
 
