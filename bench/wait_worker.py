@@ -7,7 +7,6 @@ prints the context switches of all its threads during that wait (voluntary and n
 
     elastic-run -np 4 /usr/bin/python3 bench/wait_worker.py [LATE_SECONDS]
 """
-import glob
 import os
 import sys
 import time
@@ -15,19 +14,7 @@ import time
 import numpy as np
 
 import elastic
-
-
-def switches():
-    n = 0
-    for path in glob.glob(f"/proc/{os.getpid()}/task/*/status"):
-        try:
-            with open(path) as f:
-                for line in f:
-                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                        n += int(line.split()[1])
-        except OSError:  # a thread that ended meanwhile
-            pass
-    return n
+from procstat import context_switches  # bench/, this script's folder
 
 
 def main():
@@ -37,9 +24,9 @@ def main():
     elastic.allreduce_(x)
     if elastic.rank() == elastic.size() - 1:
         time.sleep(late)
-    s0, t0 = switches(), time.monotonic()
+    s0, t0 = context_switches(os.getpid()), time.monotonic()
     elastic.allreduce_(x)
-    s1, t1 = switches(), time.monotonic()
+    s1, t1 = context_switches(os.getpid()), time.monotonic()
     if elastic.rank() != elastic.size() - 1:
         print(f"rank {elastic.rank()}: waited {t1 - t0:.2f} s, {s1 - s0} context switches, "
               f"{(s1 - s0) / (t1 - t0):.1f} per second", flush=True)
