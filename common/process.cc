@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <sstream>
 
@@ -103,6 +104,17 @@ std::string Env(const char* name) {
   return v ? v : "";
 }
 
+bool EnvFlag(const char* name, bool dflt) {
+  const char* raw = std::getenv(name);
+  if (raw == nullptr) return dflt;
+  std::string v(raw);
+  std::transform(v.begin(), v.end(), v.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v.empty() || v == "0" || v == "false" || v == "no" || v == "off") return false;
+  return dflt;
+}
+
 StatusOr<int> RaiseOwnPriority(int boost) {
   errno = 0;
   int before = getpriority(PRIO_PROCESS, 0);
@@ -121,6 +133,8 @@ StatusOr<int> RaiseOwnPriority(int boost) {
 StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
   if (spec.argv.empty()) return InvalidArgument("no command to run");
   ASSIGN_OR_RETURN(std::string program, FindProgram(spec.argv[0]));
+  // Checked before any descriptor is made: a refused start leaves nothing open.
+  if (spec.stdin_data.size() > 65536) return InvalidArgument("stdin data over 64 KiB");
   int out_pipe[2], err_pipe[2];
   if (pipe2(out_pipe, O_CLOEXEC) != 0) return Internal(std::string("pipe: ") + strerror(errno));
   if (pipe2(err_pipe, O_CLOEXEC) != 0) {
@@ -130,7 +144,6 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
   }
   int in_pipe[2] = {-1, -1};
   if (!spec.stdin_data.empty()) {
-    if (spec.stdin_data.size() > 65536) return InvalidArgument("stdin data over 64 KiB");
     if (pipe2(in_pipe, O_CLOEXEC) != 0) {
       for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) close(fd);
       return Internal(std::string("pipe: ") + strerror(errno));
@@ -155,7 +168,13 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
   pid_t parent = getpid();
 
   pid_t pid = fork();
-  if (pid < 0) return Internal(std::string("fork: ") + strerror(errno));
+  if (pid < 0) {
+    std::string why = std::string("fork: ") + strerror(errno);
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1], in_pipe[0], in_pipe[1]}) {
+      if (fd >= 0) close(fd);
+    }
+    return Internal(why);
+  }
   if (pid == 0) {
     setpgid(0, 0);
     if (g_child_nice != kNoNice) setpriority(PRIO_PROCESS, 0, g_child_nice);
@@ -218,7 +237,10 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
     // Fits the pipe's buffer: never blocks. A child that is already gone gets EPIPE (ignored).
     ssize_t ignored = write(in_pipe[1], spec.stdin_data.data(), spec.stdin_data.size());
     (void)ignored;
-    close(in_pipe[1]);
+    if (!spec.keep_stdin_open) {
+      close(in_pipe[1]);
+      in_pipe[1] = -1;
+    }
   }
   fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
   fcntl(err_pipe[0], F_SETFL, O_NONBLOCK);
@@ -226,10 +248,12 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
   p->pid_ = pid;
   p->out_fd_ = out_pipe[0];
   p->err_fd_ = err_pipe[0];
+  p->in_fd_ = in_pipe[1];
   p->pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
   if (p->pidfd_ < 0) {
+    std::string why = std::string("pidfd_open: ") + strerror(errno);
     kill(-pid, SIGKILL);
-    return Internal(std::string("pidfd_open: ") + strerror(errno));
+    return Internal(why);  // p's destructor closes the pipes and reaps the child
   }
   return p;
 }
@@ -237,6 +261,7 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
 Process::~Process() {
   CloseStdout();
   CloseStderr();
+  CloseStdin();
   if (pidfd_ >= 0) close(pidfd_);
   if (!reaped_ && pid_ > 0) {
     kill(-pid_, SIGKILL);
@@ -247,6 +272,11 @@ Process::~Process() {
 void Process::CloseStdout() {
   if (out_fd_ >= 0) close(out_fd_);
   out_fd_ = -1;
+}
+
+void Process::CloseStdin() {
+  if (in_fd_ >= 0) close(in_fd_);
+  in_fd_ = -1;
 }
 
 void Process::CloseStderr() {
@@ -265,6 +295,7 @@ bool Process::TryReap(int* code) {
     if (r != pid_) return false;
     reaped_ = true;
     raw_status_ = status;
+    CloseStdin();
   }
   *code = WIFEXITED(raw_status_) ? WEXITSTATUS(raw_status_) : 128 + WTERMSIG(raw_status_);
   return true;

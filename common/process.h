@@ -26,6 +26,10 @@ struct LaunchSpec {
   // Written to the process's stdin, which then ends (at most 64 KiB: it must fit the pipe).
   // Empty: stdin is /dev/null. How secrets reach a remote command without a command line.
   std::string stdin_data;
+  // With stdin_data: the pipe is not closed after the data but kept open until the process is
+  // reaped (or CloseStdin): the program sees EOF on its stdin exactly when this side is gone
+  // (this process died, or gave up on the program). The remote side of a launch watches it.
+  bool keep_stdin_open = false;
 };
 
 // Lowers the calling thread's nice value by `boost` (threads it starts later inherit it), where
@@ -37,6 +41,11 @@ StatusOr<int> RaiseOwnPriority(int boost);
 
 // This process's environment variable `name`, or "" when it is not set.
 std::string Env(const char* name);
+
+// An on/off switch from the environment: 1, true, yes, on (any case) are on; 0, false, no, off
+// and the empty string are off; unset, or any other value, is `dflt`. One convention for every
+// ELASTIC_* switch: a variable set to 0 never turns a thing on.
+bool EnvFlag(const char* name, bool dflt);
 
 class Process {
  public:
@@ -50,6 +59,9 @@ class Process {
   int pidfd() const { return pidfd_; }
   void CloseStdout();
   void CloseStderr();
+  // Closes the kept stdin (LaunchSpec::keep_stdin_open): the program sees EOF. Also done when
+  // the process is reaped.
+  void CloseStdin();
   // Sends `sig` to the whole process group. Safe after exit (the group may be gone).
   void SignalGroup(int sig) const;
   // Reaps the process if it has exited: true and its code (exit status, or 128+signal).
@@ -60,7 +72,7 @@ class Process {
 
  private:
   pid_t pid_ = -1;
-  int out_fd_ = -1, err_fd_ = -1, pidfd_ = -1;
+  int out_fd_ = -1, err_fd_ = -1, in_fd_ = -1, pidfd_ = -1;
   bool reaped_ = false;
   int raw_status_ = 0;
 };

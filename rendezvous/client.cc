@@ -44,7 +44,7 @@ Client::Client(ClientOptions options) : options_(std::move(options)) {
   // Each client its own connection, so simulated workers in one process are like real ones.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   // Messages are small: no bandwidth-delay probing (a PING with every burst of data).
-  if (!std::getenv("ELASTIC_GRPC_BDP_PROBE")) args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  if (!options_.bdp_probe) args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   channel_ = grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
   stub_ = std::make_unique<Stub>();
   stub_->stub = v1::Rendezvous::NewStub(channel_);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/process.h"
 #include "common/status.h"
 #include "rendezvous/types.h"
 
@@ -30,6 +31,9 @@ struct ClientOptions {
   Duration call_timeout = std::chrono::seconds(30);  // Set and Report
   Duration first_backoff = std::chrono::milliseconds(20);
   Duration max_backoff = std::chrono::milliseconds(500);
+  // HTTP/2 bandwidth-delay probing (a PING with every burst of data); off, since messages are
+  // small. $ELASTIC_GRPC_BDP_PROBE=1 turns it on.
+  bool bdp_probe = EnvFlag("ELASTIC_GRPC_BDP_PROBE", false);
 };
 
 class Client {

@@ -339,7 +339,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(Core* core, ServerOptions option
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   // Messages are small: no bandwidth-delay probing (a PING with every burst of data).
-  if (!std::getenv("ELASTIC_GRPC_BDP_PROBE")) builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  if (!options.bdp_probe) builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
     return Unavailable("cannot listen on " + address + " (address in use or not local?)");

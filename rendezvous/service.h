@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "common/process.h"
 #include "common/status.h"
 #include "rendezvous/core.h"
 
@@ -27,6 +28,8 @@ struct ServerOptions {
   Duration keepalive_timeout = std::chrono::seconds(2);
   // Answers Status calls (thread-safe); unset: UNIMPLEMENTED.
   std::function<std::string()> status_json;
+  // HTTP/2 bandwidth-delay probing; off ($ELASTIC_GRPC_BDP_PROBE=1 turns it on).
+  bool bdp_probe = EnvFlag("ELASTIC_GRPC_BDP_PROBE", false);
 };
 
 class RendezvousService;

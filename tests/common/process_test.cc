@@ -1,0 +1,120 @@
+// Child processes (common/process.h): descriptors, the kept stdin, and EnvFlag.
+#include "common/process.h"
+
+#include <dirent.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <string>
+#include <thread>
+
+namespace elastic {
+namespace {
+
+int OpenDescriptors() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/fd");
+  REQUIRE(d != nullptr);
+  while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+// Waits (bounded) for the process to exit; its code, or -1 when it did not.
+int WaitExit(Process& p, std::chrono::seconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  int code = -1;
+  while (!p.TryReap(&code)) {
+    if (std::chrono::steady_clock::now() > deadline) return -1;
+    pollfd fd{p.pidfd(), POLLIN, 0};
+    poll(&fd, 1, 100);
+  }
+  return code;
+}
+
+TEST_CASE("A start refused for stdin data over 64 KiB leaves no descriptor open", "[unit]") {
+  int before = OpenDescriptors();
+  LaunchSpec spec;
+  spec.argv = {"true"};
+  spec.stdin_data = std::string(65537, 'x');
+  auto p = Process::Start(spec);
+  CHECK(p.status().code() == Code::kInvalidArgument);
+  CHECK(OpenDescriptors() == before);
+}
+
+TEST_CASE("A start of a program that is not there leaves no descriptor open", "[unit]") {
+  int before = OpenDescriptors();
+  LaunchSpec spec;
+  spec.argv = {"/no/such/program"};
+  spec.stdin_data = "token\n";
+  CHECK(Process::Start(spec).status().code() == Code::kNotFound);
+  CHECK(OpenDescriptors() == before);
+}
+
+TEST_CASE("stdin data reaches the program, and then EOF", "[unit]") {
+  LaunchSpec spec;
+  spec.argv = {"/bin/sh", "-c", "read -r a; read -r b && exit 9; [ \"$a\" = secret ] && exit 7"};
+  spec.stdin_data = "secret\n";
+  auto p = Process::Start(spec);
+  REQUIRE(p.ok());
+  CHECK(WaitExit(**p, std::chrono::seconds(30)) == 7);
+}
+
+TEST_CASE("A kept stdin gives the program EOF only when it is closed", "[unit]") {
+  LaunchSpec spec;
+  // The first line, then it waits for EOF: exit 5 once stdin ends.
+  spec.argv = {"/bin/sh", "-c", "read -r a; [ \"$a\" = tok ] || exit 1; "
+                                "while read -r _; do :; done; exit 5"};
+  spec.stdin_data = "tok\n";
+  spec.keep_stdin_open = true;
+  auto started = Process::Start(spec);
+  REQUIRE(started.ok());
+  Process& p = **started;
+  // Still running: its stdin has not ended.
+  pollfd fd{p.pidfd(), POLLIN, 0};
+  CHECK(poll(&fd, 1, 300) == 0);
+  int code = 0;
+  CHECK_FALSE(p.TryReap(&code));
+  p.CloseStdin();
+  CHECK(WaitExit(p, std::chrono::seconds(30)) == 5);
+}
+
+TEST_CASE("A kept stdin closes by itself when the process is destroyed", "[unit]") {
+  int before = OpenDescriptors();
+  {
+    LaunchSpec spec;
+    spec.argv = {"/bin/sh", "-c", "read -r a; exit 0"};
+    spec.stdin_data = "tok\n";
+    spec.keep_stdin_open = true;
+    auto p = Process::Start(spec);
+    REQUIRE(p.ok());
+    CHECK(WaitExit(**p, std::chrono::seconds(30)) == 0);
+  }
+  CHECK(OpenDescriptors() == before);
+}
+
+TEST_CASE("EnvFlag: one on/off convention, and 0 never turns a thing on", "[unit]") {
+  const char* name = "ELASTIC_TEST_ENV_FLAG";
+  unsetenv(name);
+  CHECK(EnvFlag(name, false) == false);
+  CHECK(EnvFlag(name, true) == true);
+  for (const char* on : {"1", "true", "TRUE", "yes", "On"}) {
+    setenv(name, on, 1);
+    CHECK(EnvFlag(name, false));
+  }
+  for (const char* off : {"0", "false", "No", "off", ""}) {
+    setenv(name, off, 1);
+    CHECK_FALSE(EnvFlag(name, true));
+  }
+  setenv(name, "maybe", 1);
+  CHECK(EnvFlag(name, true));
+  CHECK_FALSE(EnvFlag(name, false));
+  unsetenv(name);
+}
+
+}  // namespace
+}  // namespace elastic
