@@ -17,6 +17,7 @@
 #include <random>
 
 #include "driver/driver_internal.h"
+#include "driver/launch.h"
 
 namespace elastic::driver {
 
@@ -202,24 +203,20 @@ void Driver::Launch(Worker& w, bool spare) {
     }
     char cwd[4096] = {0};
     // The job token never appears on a command line (`ps` shows those to every user): the
-    // remote shell reads it from the launcher's stdin, its first line.
+    // remote script reads it from the launcher's stdin, its first line. The stdin then stays
+    // open for the worker's life: its closing is how the remote side learns that the driver
+    // or the launcher is gone, and ends the worker (driver/launch.h).
     spec.stdin_data = token_ + "\n";
+    spec.keep_stdin_open = true;
     spec.env.erase("ELASTIC_JOB_TOKEN");
-    std::string remote = std::string("cd ") + ShellQuote(getcwd(cwd, sizeof cwd) ? cwd : "/") +
-                         " && IFS= read -r ELASTIC_JOB_TOKEN && export ELASTIC_JOB_TOKEN && "
-                         "exec env";
-    for (const auto& [k, v] : env) {
-      if (k != "ELASTIC_JOB_TOKEN") remote += " " + ShellQuote(k + "=" + v);
-    }
-    for (const auto& a : opts_.command) remote += " " + ShellQuote(a);
+    env.erase("ELASTIC_JOB_TOKEN");
+    int grace = static_cast<int>(
+        std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::seconds>(opts_.grace).count()));
+    std::string remote =
+        RemoteScript(getcwd(cwd, sizeof cwd) ? cwd : "/", env, opts_.command, grace);
     if (!opts_.launcher_template.empty()) {
-      std::string cmd = opts_.launcher_template;
-      for (auto [key, value] : {std::pair<std::string, std::string>{"{host}", w.host},
-                                {"{command}", ShellQuote(remote)}}) {
-        for (size_t pos; (pos = cmd.find(key)) != std::string::npos;)
-          cmd.replace(pos, key.size(), value);
-      }
-      spec.argv = {"/bin/sh", "-c", cmd};
+      spec.argv = {"/bin/sh", "-c",
+                   ExpandTemplate(opts_.launcher_template, w.host, ShellQuote(remote))};
     } else {
       spec.argv = {"ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"};
       if (opts_.ssh_port > 0) {
@@ -228,7 +225,8 @@ void Driver::Launch(Worker& w, bool spare) {
       if (!opts_.ssh_identity_file.empty()) {
         spec.argv.insert(spec.argv.end(), {"-i", opts_.ssh_identity_file});
       }
-      spec.argv.insert(spec.argv.end(), {w.host, remote});
+      // ssh joins its remote words with spaces for the remote shell: one quoted word.
+      spec.argv.insert(spec.argv.end(), {w.host, "sh -c " + ShellQuote(remote)});
     }
   }
   auto proc = Process::Start(spec);
@@ -241,6 +239,71 @@ void Driver::Launch(Worker& w, bool spare) {
   policy_.OnLaunched(w.slot, w.proc->pid());
 }
 
+namespace {
+
+// The dump itself, on its own thread: only the pid, the signal and the stop flag are shared
+// with the loop. Returns what to print (the header lines included).
+std::string RunStackDump(pid_t pid, int signal, const std::atomic<bool>& stop) {
+  std::string text;
+  auto say = [&](const std::string& line) { text += "[elastic-run] " + line + "\n"; };
+  if (signal > 0) {
+    kill(pid, signal);  // the worker prints its own stacks (Python: faulthandler)
+    for (int i = 0; i < 6 && !stop; ++i) usleep(50 * 1000);
+  }
+  // Native stacks of every thread, from outside the process.
+  std::vector<std::string> argv;
+  if (FindProgram("eu-stack").ok()) {
+    argv = {"eu-stack", "-p", std::to_string(pid)};
+  } else if (FindProgram("gdb").ok()) {
+    argv = {"gdb", "-p", std::to_string(pid), "-batch", "-nx", "-ex", "thread apply all bt"};
+  } else {
+    say("stacks not dumped: neither eu-stack (elfutils) nor gdb is installed");
+    return text;
+  }
+  say("stacks of pid " + std::to_string(pid) + " (" + argv[0] + "):");
+  LaunchSpec spec;
+  spec.argv = argv;
+  auto dumper = Process::Start(spec);
+  if (!dumper.ok()) {
+    say("stacks not dumped: " + dumper.status().message());
+    return text;
+  }
+  Process& d = **dumper;
+  TimePoint deadline = SteadyClock::now() + std::chrono::seconds(15);
+  std::string out;
+  char buf[8192];
+  int code = 0;
+  auto drain = [&](int fd) {
+    ssize_t got;
+    while (fd >= 0 && (got = read(fd, buf, sizeof buf)) > 0 && out.size() < (4u << 20)) {
+      out.append(buf, static_cast<size_t>(got));
+    }
+  };
+  while (!d.TryReap(&code) && SteadyClock::now() < deadline && !stop) {
+    pollfd fds[3] = {{d.stdout_fd(), POLLIN, 0}, {d.stderr_fd(), POLLIN, 0}, {d.pidfd(), POLLIN, 0}};
+    poll(fds, 3, 200);
+    drain(d.stdout_fd());
+    drain(d.stderr_fd());
+  }
+  if (!d.reaped()) {
+    d.SignalGroup(SIGKILL);
+    pollfd exit_fd{d.pidfd(), POLLIN, 0};
+    while (!d.TryReap(&code)) poll(&exit_fd, 1, 100);
+  }
+  drain(d.stdout_fd());
+  drain(d.stderr_fd());
+  if (!out.empty() && out.back() != '\n') out += '\n';
+  text += out;
+  if (stop) {
+    say("the stack dump was stopped: the job is ending");
+  } else if (code != 0 && SteadyClock::now() >= deadline) {
+    say("the stack dump took over 15 s and was stopped");
+  }
+  return text;
+}
+
+}  // namespace
+
 void Driver::DumpStacks(Worker& w, int signal) {
   std::string label = policy_.Label(w.slot);
   auto say = [&](const std::string& line) {
@@ -252,59 +315,45 @@ void Driver::DumpStacks(Worker& w, int signal) {
     say("stacks not dumped: the worker runs on another host (" + w.host + ")");
     return;
   }
+  if (dumps_.count(w.slot)) return;  // one at a time per slot
+  auto dump = std::make_unique<StackDump>();
   pid_t pid = w.proc->pid();
-  if (signal > 0) {
-    kill(pid, signal);  // the worker prints its own stacks (Python: faulthandler)
-    usleep(300 * 1000);
+  std::string slot = w.slot;
+  StackDump* raw = dump.get();
+  dump->pid = pid;
+  dump->started = SteadyClock::now();
+  dump->thread = std::thread([this, raw, pid, signal, slot] {
+    Posted p{Posted::kStacksDumped};
+    p.slots = {slot};
+    p.text = RunStackDump(pid, signal, raw->stop);
+    Post(std::move(p));
+  });
+  dumps_[slot] = std::move(dump);
+}
+
+void Driver::StacksDumped(const std::string& slot, const std::string& text) {
+  auto it = dumps_.find(slot);
+  if (it == dumps_.end()) return;
+  it->second->thread.join();
+  int held = it->second->held_signal;
+  double seconds = std::chrono::duration<double>(SteadyClock::now() - it->second->started).count();
+  log_.Write("stacks_dumped",
+             {{"slot", slot}, {"pid", int64_t{it->second->pid}}, {"seconds", seconds}});
+  dumps_.erase(it);
+  auto w = workers_.find(slot);
+  if (w == workers_.end()) return;
+  out_.Feed(slot, 2, text.data(), text.size(), policy_.Label(slot));
+  if (held != 0 && w->second.proc && !w->second.proc->reaped()) {
+    w->second.proc->SignalGroup(held);
   }
-  // Native stacks of every thread, from outside the process.
-  std::vector<std::string> argv;
-  if (FindProgram("eu-stack").ok()) {
-    argv = {"eu-stack", "-p", std::to_string(pid)};
-  } else if (FindProgram("gdb").ok()) {
-    argv = {"gdb", "-p", std::to_string(pid), "-batch", "-nx", "-ex", "thread apply all bt"};
-  } else {
-    say("stacks not dumped: neither eu-stack (elfutils) nor gdb is installed");
-    return;
+}
+
+void Driver::StopDumps() {
+  for (auto& [slot, dump] : dumps_) dump->stop = true;
+  for (auto& [slot, dump] : dumps_) {
+    if (dump->thread.joinable()) dump->thread.join();
   }
-  say("stacks of pid " + std::to_string(pid) + " (" + argv[0] + "):");
-  LaunchSpec spec;
-  spec.argv = argv;
-  auto dumper = Process::Start(spec);
-  if (!dumper.ok()) {
-    say("stacks not dumped: " + dumper.status().message());
-    return;
-  }
-  Process& d = **dumper;
-  TimePoint deadline = SteadyClock::now() + std::chrono::seconds(15);
-  std::string text;
-  char buf[8192];
-  int code = 0;
-  while (!d.TryReap(&code) && SteadyClock::now() < deadline) {
-    pollfd fds[3] = {{d.stdout_fd(), POLLIN, 0}, {d.stderr_fd(), POLLIN, 0}, {d.pidfd(), POLLIN, 0}};
-    poll(fds, 3, 200);
-    for (int i = 0; i < 2; ++i) {
-      ssize_t got;
-      while (fds[i].fd >= 0 && (got = read(fds[i].fd, buf, sizeof buf)) > 0 &&
-             text.size() < (4u << 20)) {
-        text.append(buf, static_cast<size_t>(got));
-      }
-    }
-  }
-  if (!d.reaped()) {
-    d.SignalGroup(SIGKILL);
-    say("the stack dump took over 15 s and was stopped");
-    pollfd exit_fd{d.pidfd(), POLLIN, 0};
-    while (!d.TryReap(&code)) poll(&exit_fd, 1, 100);
-  }
-  for (int fd : {d.stdout_fd(), d.stderr_fd()}) {
-    ssize_t got;
-    while (fd >= 0 && (got = read(fd, buf, sizeof buf)) > 0 && text.size() < (4u << 20)) {
-      text.append(buf, static_cast<size_t>(got));
-    }
-  }
-  if (!text.empty() && text.back() != '\n') text += '\n';
-  out_.Feed(w.slot, 2, text.data(), text.size(), label);
+  dumps_.clear();
 }
 
 void Driver::Perform() {
@@ -341,6 +390,15 @@ void Driver::Perform() {
         case Action::kSignal: {
           auto it = workers_.find(a.slot);
           if (it == workers_.end() || !it->second.proc || it->second.proc->reaped()) break;
+          auto dump = dumps_.find(a.slot);
+          if (dump != dumps_.end()) {
+            if (a.signal == SIGKILL && !policy_.shutting_down()) {
+              // Its stacks are being dumped: it goes once the dump is done (StacksDumped).
+              dump->second->held_signal = SIGKILL;
+              break;
+            }
+            dump->second->stop = true;  // the job is ending: no dump holds it up
+          }
           it->second.proc->SignalGroup(a.signal);
           if (a.signal == SIGKILL && policy_.shutting_down()) {
             // A worker that ignores its closed pipes still goes: stop waiting for its output.
@@ -511,6 +569,9 @@ void Driver::HandlePosted(Posted& p) {
     case Posted::kDiscovery:
       policy_.OnDiscovery(*p.hosts, p.warnings);
       break;
+    case Posted::kStacksDumped:
+      StacksDumped(p.slots[0], p.text);
+      break;
   }
 }
 
@@ -524,6 +585,7 @@ int Driver::Run() {
     return s.code() == Code::kInvalidArgument ? 2 : 1;
   }
   Loop();
+  StopDumps();
   {
     std::lock_guard<std::mutex> g(disc_mu_);
     disc_stop_ = true;

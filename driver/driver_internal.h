@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -39,7 +40,8 @@ struct Posted {
     kReport,
     kWatchOpened,
     kWatchClosed,
-    kDiscovery
+    kDiscovery,
+    kStacksDumped  // slots: {slot}; text: what the dump printed
   };
   explicit Posted(Kind k, int64_t r = -1) : kind(k), round(r) {}
   Kind kind;
@@ -49,6 +51,18 @@ struct Posted {
   std::optional<StatusOr<std::vector<HostSlots>>> hosts;
   std::vector<std::string> warnings;
   rendezvous::FormedRound formed;
+  std::string text;
+};
+
+// A stack dump in progress: it runs on a thread of its own (it waits for the worker to print
+// its own stacks, then for eu-stack or gdb, up to 15 s) and comes back to the loop as a
+// kStacksDumped event, so that no exit, report or abort of any other worker waits for it.
+struct StackDump {
+  std::thread thread;
+  std::atomic<bool> stop{false};  // set by the loop: end the dump now (the job is stopping)
+  int held_signal = 0;  // a SIGKILL for the slot that came while the dump ran: sent after it
+  pid_t pid = 0;
+  TimePoint started{};
 };
 
 // The process behind a slot. What the job makes of it is the policy's business.
@@ -125,9 +139,13 @@ class Driver : public rendezvous::Listener {
   // event that makes more).
   void Perform();
   void Launch(Worker& w, bool spare);
-  // Prints the worker's stacks into its stderr lines (eu-stack or gdb; `signal` first, when
-  // the worker prints its own on it). Bounded: 15 s at most.
+  // Starts printing the worker's stacks into its stderr lines (eu-stack or gdb; `signal`
+  // first, when the worker prints its own on it) on a thread; the text comes back as a
+  // kStacksDumped event (StacksDumped). Bounded: 15 s at most.
   void DumpStacks(Worker& w, int signal);
+  void StacksDumped(const std::string& slot, const std::string& text);
+  // Ends the dumps still running (the job is over) and joins their threads.
+  void StopDumps();
   void DiscoveryLoop();
 
   DriverOptions opts_;
@@ -148,6 +166,7 @@ class Driver : public rendezvous::Listener {
   bool disc_stop_ = false;  // guarded by disc_mu_
 
   std::map<std::string, Worker> workers_;  // by slot
+  std::map<std::string, std::unique_ptr<StackDump>> dumps_;  // by slot; the loop's alone
   bool warned_loopback_ = false;
   Monitor monitor_;
   std::unique_ptr<MetricsServer> metrics_;

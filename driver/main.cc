@@ -13,6 +13,7 @@
 #include "common/logging.h"
 #include "common/process.h"
 #include "driver/driver.h"
+#include "driver/launch.h"
 #include "driver/monitor.h"
 
 namespace {
@@ -303,12 +304,14 @@ int main(int argc, char** argv) {
     return fail("--min-np (" + std::to_string(o.min_np) + ") is above -np (" +
                 std::to_string(o.np) + "): the job would start below its minimum");
   }
-  if (o.max_np > 0 && o.np > o.max_np) {
-    return fail("-np (" + std::to_string(o.np) + ") is above --max-np (" +
-                std::to_string(o.max_np) + ")");
-  }
+  // Checked before -np against --max-np: without -np, -np is --min-np, and the user should
+  // hear about the two numbers they gave.
   if (o.max_np > 0 && o.min_np > o.max_np) {
     return fail("--min-np (" + std::to_string(o.min_np) + ") is above --max-np (" +
+                std::to_string(o.max_np) + ")");
+  }
+  if (o.max_np > 0 && o.np > o.max_np) {
+    return fail("-np (" + std::to_string(o.np) + ") is above --max-np (" +
                 std::to_string(o.max_np) + ")");
   }
   if (o.discovery_script.empty() && total < o.np) {
@@ -323,6 +326,14 @@ int main(int argc, char** argv) {
         std::chrono::duration_cast<elastic::Duration>(std::chrono::duration<double>(cooldown[0]));
     o.cooldown_max =
         std::chrono::duration_cast<elastic::Duration>(std::chrono::duration<double>(cooldown[1]));
+  }
+  if (app.count("--driver-address")) {
+    elastic::Status ok = elastic::driver::CheckDriverAddress(o.driver_address);
+    if (!ok.ok()) return fail(ok.message());
+  }
+  if (app.count("--launcher-template")) {
+    elastic::Status ok = elastic::driver::CheckTemplate(o.launcher_template);
+    if (!ok.ok()) return fail(ok.message());
   }
   auto secs = [](double v) {
     return std::chrono::duration_cast<elastic::Duration>(std::chrono::duration<double>(v));
