@@ -449,7 +449,41 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
     Terminate(code, what);
     return;
   }
+  if (EndIfEveryMemberFailed()) return;
   LoseWorker(w, what);
+}
+
+bool Policy::EndIfEveryMemberFailed() {
+  if (shutting_down_ || !d_.elastic || formed_ < 0 || formed_members_.empty()) return false;
+  if (d_.max_failures >= 0 || d_.reset_limit >= 0) return false;
+  for (const auto& slot : formed_members_) {
+    auto it = workers_.find(slot);
+    if (it == workers_.end() || it->second.failed_round != formed_) return false;
+  }
+  // The first of them to report, for the message.
+  const Worker* first = nullptr;
+  for (const auto& slot : failure_order_) {
+    auto it = workers_.find(slot);
+    if (it != workers_.end() && it->second.failed_round == formed_ &&
+        std::find(formed_members_.begin(), formed_members_.end(), slot) !=
+            formed_members_.end()) {
+      first = &it->second;
+      break;
+    }
+  }
+  if (first == nullptr) return false;
+  std::string message = first->failure;
+  if (message.size() > 2000) message = message.substr(0, 2000) + "...";
+  Event("round_failed", {{"round", formed_},
+                         {"size", int64_t(formed_members_.size())},
+                         {"slot", first->slot},
+                         {"message", message}});
+  Terminate(1, fmt::format("every worker of round {} ({} of them) failed in its own code; the "
+                           "first, worker {} (slot {}, host {}): {} (relaunching would fail "
+                           "the same way; --max-failures N or --reset-limit N allow retries)",
+                           formed_, formed_members_.size(), first->rank, first->slot,
+                           first->host, message));
+  return true;
 }
 
 void Policy::LoseWorker(Worker& w, const std::string& what) {
@@ -522,6 +556,13 @@ void Policy::OnReport(const rendezvous::Report& r) {
       break;
     case rendezvous::ReportKind::kFailed:
       Log(Action::kWarn, fmt::format("slot {} reports a failure: {}", r.slot, r.message));
+      if (w.failed_round != r.round) {
+        w.failed_round = r.round;
+        w.failure = r.message;
+        failure_order_.push_back(r.slot);
+        if (failure_order_.size() > 4096) failure_order_.erase(failure_order_.begin());
+      }
+      EndIfEveryMemberFailed();
       break;
     case rendezvous::ReportKind::kLeaving:
       HandleLeaving(w, r.message);

@@ -151,7 +151,16 @@ class Policy {
     int stack_signal = 0;
     int64_t epoch = -1, cursor = -1, samples = -1, epoch_size = -1;
     double rate = 0;  // steps per second, between its last two commit reports
+    // Its program reported a failure of its own (an exception in user code) in this round,
+    // with this message (-1: none since it started).
+    int64_t failed_round = -1;
+    std::string failure;
   };
+  // When every member of the formed round has reported a failure of its own there (the same
+  // error in user code on every rank), the job ends with exit 1 and the first one's message
+  // instead of waiting for hosts: relaunching would fail the same way. Not when the user gave
+  // --max-failures or --reset-limit: those budgets allow retries. True when it ended the job.
+  bool EndIfEveryMemberFailed();
   void Progress();
 
   void Replan(const std::string& reason);
@@ -213,6 +222,7 @@ class Policy {
   int64_t round_ = -1;                     // newest proposed round
   int64_t formed_ = -1;                    // newest formed round
   std::vector<std::string> formed_members_;
+  std::vector<std::string> failure_order_;  // slots, in the order their failure reports came
   std::set<std::string> kept_;  // StateKeepers() at the newest re-plan
   int64_t aborted_ = -1;    // newest formed round whose members got ABORT
   int64_t withdrawn_ = -1;  // newest proposed round withdrawn

@@ -51,6 +51,14 @@ void Run(State& state, const std::function<void(State&)>& train, AgentOptions op
       state.Restore();
     } catch (const HostsUpdated& e) {
       spdlog::info("rank {}: {}; re-forming at this commit", agent.assignment().rank, e.what());
+    } catch (const std::exception& e) {
+      // A failure of the program's own: the driver hears it (synchronously, before this
+      // process ends) so that it can tell one rank's crash from every rank's same error.
+      agent.ReportFailed(e.what());
+      throw;
+    } catch (...) {
+      agent.ReportFailed("an exception that is not a std::exception");
+      throw;
     }
     // Join with the version this worker holds; a round whose communicator could not connect
     // (aborted, or a peer died meanwhile) is left for the next one.

@@ -924,5 +924,75 @@ TEST_CASE("policy: the Watch close of a slot's previous process does not lose th
   CHECK(Slots(a, Action::kSignal, SIGKILL) == std::vector<std::string>{"a:1"});
 }
 
+
+void Fail(Job& job, const std::string& slot, int64_t round, const std::string& message) {
+  rendezvous::Report r;
+  r.slot = slot;
+  r.kind = rendezvous::ReportKind::kFailed;
+  r.round = round;
+  r.message = message;
+  job.policy->OnReport(r);
+}
+
+TEST_CASE("policy: every member failing in its own code ends the job with the first error",
+          "[unit]") {
+  // Elastic, with a cooldown: before, the job waited --elastic-timeout for hosts.
+  DriverOptions d = Discovered(3);
+  d.cooldown_min = seconds(1);
+  d.cooldown_max = seconds(2);
+  Job job(d);
+  job.StartFormed({{"h", 3}}, {"h:0", "h:1", "h:2"});
+  job.Take();
+  Fail(job, "h:1", 0, "ValueError: the same bug");
+  Fail(job, "h:0", 0, "ValueError: the same bug (rank 0)");
+  CHECK_FALSE(job.policy->shutting_down());
+  // A failure reported in another round does not count for this one.
+  Fail(job, "h:2", 5, "ValueError: elsewhere");
+  CHECK_FALSE(job.policy->shutting_down());
+  job.policy->OnExit("h:1", 1, "exit status 1");
+  CHECK_FALSE(job.policy->shutting_down());
+  Fail(job, "h:2", 0, "ValueError: the same bug");
+  auto a = job.Take();
+  REQUIRE(job.policy->shutting_down());
+  CHECK(job.policy->exit_code() == 1);
+  CHECK_THAT(job.policy->final_message(),
+             Catch::Contains("every worker of round 0 (3 of them) failed") &&
+                 Catch::Contains("slot h:1") && Catch::Contains("ValueError: the same bug"));
+  auto ended = Events(a, "round_failed");
+  REQUIRE(ended.size() == 1);
+  CHECK(Events(a, "waiting_for_hosts").empty());
+}
+
+TEST_CASE("policy: some members failing in their own code is an ordinary failure", "[unit]") {
+  Job job(Discovered(3));
+  job.StartFormed({{"h", 3}}, {"h:0", "h:1", "h:2"});
+  job.Take();
+  Fail(job, "h:2", 0, "RuntimeError: one rank's bug");
+  job.policy->OnExit("h:2", 1, "exit status 1");
+  job.Take();
+  CHECK_FALSE(job.policy->shutting_down());
+  // The others were killed from outside (no report of their own): the job goes on.
+  job.policy->OnExit("h:0", 137, "signal 9 (Killed)");
+  job.Take();
+  CHECK_FALSE(job.policy->shutting_down());
+}
+
+TEST_CASE("policy: with --max-failures or --reset-limit, every member failing is retried",
+          "[unit]") {
+  for (int which = 0; which < 2; ++which) {
+    DriverOptions d = Discovered(2);
+    (which == 0 ? d.max_failures : d.reset_limit) = 10;
+    Job job(d);
+    job.StartFormed({{"h", 2}}, {"h:0", "h:1"});
+    job.Take();
+    Fail(job, "h:0", 0, "ValueError: flaky");
+    Fail(job, "h:1", 0, "ValueError: flaky");
+    job.policy->OnExit("h:0", 1, "exit status 1");
+    job.policy->OnExit("h:1", 1, "exit status 1");
+    job.Take();
+    CHECK_FALSE(job.policy->shutting_down());
+  }
+}
+
 }  // namespace
 }  // namespace elastic::driver

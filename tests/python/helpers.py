@@ -85,3 +85,32 @@ def wait_gone(pids, timeout=15):
             return []
         time.sleep(0.05)
     return [p for p in pids if pid_alive(p)]
+
+
+def procs_with_marker(marker, name="ELASTIC_TEST_MARK"):
+    """Pids of the live processes whose environment holds name=marker, found by scanning
+    /proc (the oracle for leftover processes: it does not ask the driver)."""
+    want = f"{name}={marker}".encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:  # gone meanwhile, or a kernel thread
+            continue
+        if want in env and pid_alive(int(entry)):
+            out.append(int(entry))
+    return out
+
+
+def wait_no_marker(marker, timeout=30):
+    """Waits until no process carries the marker; returns those still there at the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = procs_with_marker(marker)
+        if not left:
+            return []
+        time.sleep(0.1)
+    return procs_with_marker(marker)

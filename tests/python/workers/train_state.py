@@ -3,7 +3,7 @@ data, gradients summed in exact fixed point (int64 allreduce), so the final weig
 bit the same at any size and under any faults. Each rank writes a ledger like the C++
 example's. Prints "final weights HASH steps S" on rank 0.
 
-    train_state.py EPOCHS LEDGER_PREFIX [--fail-at STEP] [--leave-at STEP]
+    train_state.py EPOCHS LEDGER_PREFIX [--fail-at STEP] [--fail-all-at STEP] [--leave-at STEP]
                    [--hang-at STEP --hang-how sleep|stop] [--progress ok|raise]
 
 --hang-at: the last rank of round 0 hangs before that step (sleeps forever inside the training
@@ -23,6 +23,7 @@ import elastic
 EPOCHS = int(sys.argv[1])
 LEDGER = sys.argv[2]
 FAIL_AT = int(sys.argv[sys.argv.index("--fail-at") + 1]) if "--fail-at" in sys.argv else -1
+FAIL_ALL_AT = int(sys.argv[sys.argv.index("--fail-all-at") + 1]) if "--fail-all-at" in sys.argv else -1
 LEAVE_AT = int(sys.argv[sys.argv.index("--leave-at") + 1]) if "--leave-at" in sys.argv else -1
 HANG_AT = int(sys.argv[sys.argv.index("--hang-at") + 1]) if "--hang-at" in sys.argv else -1
 HANG_HOW = sys.argv[sys.argv.index("--hang-how") + 1] if "--hang-how" in sys.argv else "sleep"
@@ -60,6 +61,8 @@ def train(state):
             ledger.flush()
             if state.step + 1 == FAIL_AT and r == n - 1:
                 raise RuntimeError("a bug in the user's training code")
+            if state.step + 1 == FAIL_ALL_AT:
+                raise ValueError(f"the same bug on every rank (rank {r} at step {state.step + 1})")
             if state.step + 1 == LEAVE_AT and r == n - 1 and elastic.current_round() == 0:
                 elastic.leave("the test asked")
             if state.step + 1 == HANG_AT and r == n - 1 and elastic.current_round() == 0:

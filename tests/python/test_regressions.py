@@ -1,0 +1,166 @@
+"""Bugs found trying elastic-run as a new user would (issue 24), each pinned by a test that
+fails without its fix: a template whose command holds "{command}", remote workers outliving a
+killed driver, stack dumps that held up the driver's loop, a job whose every rank failed in
+user code waiting for hosts, and bad arguments accepted or named wrongly."""
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from helpers import Job, pid_alive, procs_with_marker, run, wait_no_marker
+from test_elastic import events
+from test_python_api import PY, WORKERS, py_env
+
+
+def marked_env(extra=None):
+    marker = uuid.uuid4().hex
+    env = dict(py_env(), ELASTIC_TEST_MARK=marker)
+    env.update(extra or {})
+    return marker, env
+
+
+def test_a_command_holding_the_template_placeholder_starts(elastic_run):
+    # The substitution used to re-expand its own output: the driver spun at 100 % CPU with
+    # growing memory and never launched.
+    rc, out = run([elastic_run, "-np", "1", "-H", "127.0.0.9:1", "--driver-address", "127.0.0.1",
+                   "--launcher-template", "sh -c {command}", "echo", "{command} and {host}"],
+                  timeout=60)
+    assert rc == 0, out
+    assert "[0]<stdout>:{command} and {host}" in out, out
+
+
+@pytest.mark.parametrize("program", ["sleep", "ignores-term"])
+def test_remote_workers_end_when_the_driver_is_killed(elastic_run, test_worker, program):
+    # Programs that never connect to the driver (a fixed job of any program, or a Python
+    # worker still importing torch): only the remote side of the launch can end them.
+    marker, env = marked_env()
+    argv = ([test_worker, "sleep"] if program == "sleep" else
+            ["/bin/sh", "-c", "trap '' TERM; echo sleeping pid $$; while :; do sleep 1; done"])
+    job = Job([elastic_run, "-np", "2", "-H", "127.0.0.2:2", "--driver-address", "127.0.0.1",
+               "--launcher-template", "sh -c {command}", "--grace-period", "2"] + argv, env=env)
+    try:
+        job.wait_for(r"sleeping pid (\d+)", count=2, timeout=60)
+        workers = procs_with_marker(marker)
+        assert len(workers) >= 3, workers  # the driver, the launchers, the programs
+    finally:
+        job.kill()  # SIGKILL of the driver's whole process group
+    left = wait_no_marker(marker, timeout=30)
+    assert not left, [open(f"/proc/{p}/cmdline", "rb").read() for p in left if pid_alive(p)]
+
+
+def test_a_driver_sigterm_ends_remote_workers_that_ignore_it(elastic_run):
+    marker, env = marked_env()
+    job = Job([elastic_run, "-np", "1", "-H", "127.0.0.2:1", "--driver-address", "127.0.0.1",
+               "--launcher-template", "sh -c {command}", "--grace-period", "1", "/bin/sh", "-c",
+               "trap '' TERM; echo sleeping pid $$; while :; do sleep 1; done"], env=env)
+    try:
+        job.wait_for(r"sleeping pid (\d+)", timeout=60)
+        os.killpg(job.proc.pid, signal.SIGTERM)
+        job.wait(timeout=60)
+    finally:
+        job.kill()
+    assert not wait_no_marker(marker, timeout=30)
+
+
+def test_a_stack_dump_does_not_hold_up_the_driver(elastic_run, tmp_path):
+    # eu-stack here waits until the test says so: while it runs, another worker is killed,
+    # and the driver must see that exit (it used to dump on its event loop, for up to 15 s).
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    release, began = tmp_path / "release", tmp_path / "began"
+    (fake / "eu-stack").write_text(f"""#!/bin/sh
+echo "fake eu-stack for $2"
+touch {began}
+i=0
+while [ ! -e {release} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+[ -e {release} ] && echo "fake eu-stack released" || echo "fake eu-stack gave up"
+""")
+    (fake / "eu-stack").chmod(0o755)
+    log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
+    marker, env = marked_env({"PATH": f"{fake}:{os.environ['PATH']}"})
+    job = Job([elastic_run, "-np", "3", "--min-np", "1", "--hang-timeout", "3",
+               "--event-log", log, PY, os.path.join(WORKERS, "train_state.py"), "2000", book,
+               "--hang-at", "20", "--hang-how", "stop"], env=env)
+    try:
+        job.wait_for(r"hanging pid (\d+)", timeout=120)
+        deadline = time.monotonic() + 60
+        while not began.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert began.exists(), job.text()
+        started = {e["slot"]: e["pid"] for e in events(log) if e["event"] == "worker_started"}
+        victim = started["localhost:1"]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if any(e["event"] == "worker_exited" and e["slot"] == "localhost:1"
+                   for e in events(log)):
+                break
+            time.sleep(0.1)
+        seen = any(e["event"] == "worker_exited" and e["slot"] == "localhost:1"
+                   for e in events(log))
+        release.write_text("")
+        assert seen, job.text()
+        job.wait_for(r"fake eu-stack released", timeout=30)
+        # The exit was seen while the dump ran (the driver's loop was free), not after it.
+        order = [(e["event"], e.get("slot")) for e in events(log)
+                 if e["event"] in ("worker_exited", "stacks_dumped")]
+        assert order.index(("worker_exited", "localhost:1")) < order.index(
+            ("stacks_dumped", "localhost:2")), order
+        # The hung worker is killed after its dump, not before.
+        hung = [e for e in events(log) if e["event"] == "worker_hung"]
+        assert len(hung) == 1, hung
+        deadline = time.monotonic() + 30
+        while pid_alive(hung[0]["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not pid_alive(hung[0]["pid"])
+        assert "fake eu-stack gave up" not in job.text()
+    finally:
+        release.write_text("")
+        job.kill()
+    assert not wait_no_marker(marker, timeout=30)
+
+
+def test_every_rank_failing_at_one_step_ends_the_job_with_the_first_error(elastic_run,
+                                                                          tmp_path):
+    # Before, the job waited --elastic-timeout (600 s) for hosts; Horovod fails at once.
+    log = str(tmp_path / "events.jsonl")
+    job = Job([elastic_run, "-np", "3", "--min-np", "2", "--event-log", log, PY,
+               os.path.join(WORKERS, "train_state.py"), "4", str(tmp_path / "l"),
+               "--fail-all-at", "5"], env=py_env())
+    try:
+        rc = job.wait(timeout=120)
+    finally:
+        job.kill()
+    out = job.text()
+    assert rc == 1, out
+    assert "every worker of round 0 (3 of them) failed in its own code" in out, out
+    assert "ValueError: the same bug on every rank" in out, out
+    assert [e for e in events(log) if e["event"] == "round_failed"], out
+    assert not [e for e in events(log) if e["event"] == "waiting_for_hosts"], out
+
+
+def test_every_rank_failing_is_retried_within_a_failure_budget(elastic_run, tmp_path):
+    rc, out = run([elastic_run, "-np", "2", "--min-np", "2", "--max-failures", "1",
+                   "--blacklist-cooldown-range", "0", "0.1", PY,
+                   os.path.join(WORKERS, "train_state.py"), "4", str(tmp_path / "l"),
+                   "--fail-all-at", "5"], env=py_env(), timeout=180)
+    assert rc == 1, out
+    assert "every worker of round" not in out, out
+    assert "too many failures (--max-failures 1)" in out, out
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--driver-address", "bad addr"], "--driver-address 'bad addr': a space is not allowed"),
+    (["--driver-address", "head:29500"], "a port does not go here"),
+    (["--min-np", "3", "--max-np", "2"], "--min-np (3) is above --max-np (2)"),
+    (["-np", "3", "--max-np", "2"], "-np (3) is above --max-np (2)"),
+    (["--launcher-template", "ssh {host}"], "has no {command}"),
+])
+def test_bad_arguments_exit_2_naming_what_the_user_gave(elastic_run, test_worker, args, says):
+    rc, out = run([elastic_run] + args + [test_worker, "collectives"], timeout=30)
+    assert rc == 2, out
+    assert says in out, out
