@@ -1,6 +1,8 @@
 #include "common/process.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -98,6 +100,21 @@ void KillAdopted() {
 }
 
 }  // namespace
+
+int RemoveShmSegmentsOf(pid_t pid) {
+  if (pid <= 0) return 0;
+  const std::string prefix = "elastic-" + std::to_string(pid) + "-";
+  DIR* d = opendir("/dev/shm");
+  if (d == nullptr) return 0;
+  int removed = 0;
+  while (dirent* e = readdir(d)) {
+    std::string name = e->d_name;
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  closedir(d);
+  return removed;
+}
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);

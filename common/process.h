@@ -77,6 +77,12 @@ class Process {
   int raw_status_ = 0;
 };
 
+// Removes what a dead process left in /dev/shm: the host segments it made
+// ("/dev/shm/elastic-<pid>-<token>", worker_agent/shm_group.cc), whose names live only until
+// every rank of the host has mapped them; a process killed in between leaves one. Called by
+// whoever reaps the process, so the pid cannot have been reused yet. Returns how many went.
+int RemoveShmSegmentsOf(pid_t pid);
+
 // Resolves a program name through PATH as execvp would. NOT_FOUND when it is not there or
 // not executable.
 StatusOr<std::string> FindProgram(const std::string& name);

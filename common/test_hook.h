@@ -21,7 +21,8 @@ void SetTestHookRound(int64_t round);
 // made, before the commit's agreement), "sync_root" (rank 0 of a sync, after it announced the
 // state's size), "connect" (communicator build, after this rank published its address and
 // fetched its peers', before it connects its pairs),
-// "shm_reduce" (hierarchical allreduce, after the chunk's copy-in barrier; version = the
+// "shm_made" (a host's shared-memory segment made, before its ranks have mapped it and its
+// name is removed), "shm_reduce" (hierarchical allreduce, after the chunk's copy-in barrier; version = the
 // chunk's number on this communicator, counted from 0).
 void TestHook(const char* point, int64_t version);
 

@@ -501,6 +501,11 @@ void Driver::Loop() {
       if (refs[i].what == 3) {
         int code = 0;
         if (!w.proc->TryReap(&code)) continue;
+        // A worker killed while its host's segment was still named leaves it in /dev/shm.
+        if (w.local && RemoveShmSegmentsOf(w.proc->pid()) > 0) {
+          spdlog::debug("removed the shared-memory segment slot {} (pid {}) left behind",
+                        w.slot, w.proc->pid());
+        }
         // Drain what the worker wrote before it died, so no output line is lost.
         for (int stream : {1, 2}) {
           int fd = stream == 1 ? w.proc->stdout_fd() : w.proc->stderr_fd();

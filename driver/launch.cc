@@ -40,6 +40,9 @@ std::string RemoteScript(const std::string& cwd, const std::map<std::string, std
   s += "wait $p; c=$?\n";
   s += "while kill -0 $p 2>/dev/null; do wait $p; c=$?; done\n";
   s += "kill $w 2>/dev/null\n";
+  // A worker killed while its host's shared-memory segment was still named leaves it behind
+  // (worker_agent/shm_group.cc names them elastic-<pid>-<token>).
+  s += "rm -f /dev/shm/elastic-$p-* 2>/dev/null\n";
   s += "trap - TERM INT HUP\n";
   s += "[ $c -gt 128 ] && [ $c -lt 160 ] && kill -$((c - 128)) $$\n";
   s += "exit $c\n";

@@ -873,6 +873,7 @@ std::string GlooCommunicator::NewSegment(std::unique_ptr<ShmGroup>* group,
     return "off";
   }
   *group = std::move(made).value();
+  TestHook("shm_made", 0);
   return (*group)->Describe();
 }
 

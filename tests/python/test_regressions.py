@@ -164,3 +164,33 @@ def test_bad_arguments_exit_2_naming_what_the_user_gave(elastic_run, test_worker
     rc, out = run([elastic_run] + args + [test_worker, "collectives"], timeout=30)
     assert rc == 2, out
     assert says in out, out
+
+
+def dead_segments(before):
+    """/dev/shm segments of ours (elastic-<pid>-<token>) made since `before` whose pid is gone."""
+    out = []
+    for name in set(os.listdir("/dev/shm")) - before:
+        parts = name.split("-")
+        if len(parts) == 3 and parts[0] == "elastic" and parts[1].isdigit() and \
+                not pid_alive(int(parts[1])):
+            out.append(name)
+    return out
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_worker_killed_before_its_segment_is_mapped_leaves_nothing_in_dev_shm(
+        elastic_run, test_worker, tmp_path, where):
+    # Found by the soak: the first rank of a host names its shared-memory segment until every
+    # rank has mapped it; killed in between, the name stayed in /dev/shm for good.
+    host = "localhost" if where == "local" else "127.0.0.2"
+    hook = f"shm_made@{host}:0@0@*=kill"
+    extra = [] if where == "local" else ["-H", "127.0.0.2:2", "--driver-address", "127.0.0.1",
+                                         "--launcher-template", "sh -c {command}"]
+    before = set(os.listdir("/dev/shm"))
+    marker, env = marked_env({"ELASTIC_TEST_HOOKS": hook})
+    rc, out = run([elastic_run, "-np", "2"] + extra + [test_worker, "collectives"], env=env,
+                  timeout=120)
+    assert rc != 0, out  # a fixed-size job ends at its first failure
+    assert "signal 9" in out or "exit status 137" in out, out
+    assert not wait_no_marker(marker, timeout=30)
+    assert dead_segments(before) == [], out
