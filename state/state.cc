@@ -1,5 +1,7 @@
 #include "state/state.h"
 
+#include <algorithm>
+
 #include <stdexcept>
 
 #include "common/test_hook.h"
@@ -55,6 +57,13 @@ void ObjectState::Restore() {
   for (auto& [name, t] : tracked_) std::memcpy(t.data, t.committed.data(), t.bytes);
 }
 
+namespace {
+// A sync's named values travel in chunks of at most this size; their total is bounded (the tracked
+// buffers, broadcast in place, are not part of it).
+constexpr uint64_t kSyncChunkBytes = 64u << 20;
+constexpr uint64_t kMaxSyncBlobBytes = uint64_t{1} << 40;
+}  // namespace
+
 void ObjectState::Sync(Communicator& comm, int root) {
   // Named values travel as one length-prefixed blob; tracked buffers are broadcast in place.
   // The blob starts with the root's version; a receiver takes it only once everything came.
@@ -71,8 +80,22 @@ void ObjectState::Sync(Communicator& comm, int root) {
   uint64_t size = blob.size();
   comm.Broadcast(&size, sizeof size, root);
   if (comm.rank() == root) TestHook("sync_root", version_);
-  blob.resize(size);
-  comm.Broadcast(blob.data(), blob.size(), root);
+  // The size comes from a peer: bounded, and the blob grows as its chunks arrive, so that a
+  // corrupt size cannot make this rank allocate what the root never sends.
+  if (size > kMaxSyncBlobBytes) {
+    throw std::runtime_error("sync: the root announced a state of " + std::to_string(size) +
+                             " bytes, over the limit of " + std::to_string(kMaxSyncBlobBytes));
+  }
+  if (comm.rank() != root) blob.clear();
+  for (uint64_t off = 0; off < size;) {
+    // Chunks grow with what has come (1 MiB, then doubling up to 64 MiB): what a rank holds
+    // before a chunk arrives is never more than twice what it has received.
+    uint64_t n = std::min<uint64_t>({size - off, std::max<uint64_t>(off, 1u << 20),
+                                     kSyncChunkBytes});
+    if (comm.rank() != root) blob.resize(static_cast<size_t>(off + n));
+    comm.Broadcast(blob.data() + off, static_cast<size_t>(n), root);
+    off += n;
+  }
   int64_t root_version = version_;
   if (comm.rank() != root) {
     if (blob.size() < sizeof root_version) throw std::runtime_error("sync: state blob too short");
@@ -83,7 +106,7 @@ void ObjectState::Sync(Communicator& comm, int root) {
       if (off + sizeof n > blob.size()) throw std::runtime_error("sync: state blob too short");
       std::memcpy(&n, blob.data() + off, sizeof n);
       off += sizeof n;
-      if (off + n > blob.size()) throw std::runtime_error("sync: state blob too short");
+      if (n > blob.size() - off) throw std::runtime_error("sync: state blob too short");
       Status s = e.serializer.load(blob.substr(off, n));
       if (!s.ok()) throw std::runtime_error("sync of '" + name + "': " + s.ToString());
       off += n;
