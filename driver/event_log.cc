@@ -26,7 +26,9 @@ void EventLog::Write(const std::string& event, const JsonFields& fields) {
   j["ts"] =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   j["event"] = event;
-  for (const auto& [k, v] : fields) {
+  for (const auto& field : fields) {
+    const std::string& k = field.first;
+    const JsonValue& v = field.second;
     std::visit(
         [&j, &k](const auto& x) {
           if constexpr (std::is_same_v<std::decay_t<decltype(x)>, std::monostate>) {

@@ -246,6 +246,25 @@ Status WriteJobFile(const std::string& path, const std::string& address,
   return Status::Ok();
 }
 
+StatusOr<JobFile> ParseJobFile(const std::string& text) {
+  if (text.size() > kMaxJobFileBytes) {
+    return InvalidArgument("over " + std::to_string(kMaxJobFileBytes) + " bytes");
+  }
+  json job = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (job.is_discarded() || !job.is_object()) return InvalidArgument("not a JSON object");
+  auto field = [&](const char* name) -> StatusOr<std::string> {
+    auto it = job.find(name);
+    if (it == job.end() || !it->is_string() || it->get<std::string>().empty()) {
+      return InvalidArgument(std::string("no ") + name);
+    }
+    return it->get<std::string>();
+  };
+  JobFile out;
+  ASSIGN_OR_RETURN(out.address, field("address"));
+  ASSIGN_OR_RETURN(out.token, field("token"));
+  return out;
+}
+
 namespace {
 
 // The live job files in `dir` (their driver still runs).
@@ -294,19 +313,22 @@ int RunStatusCommand(const std::string& job_file, bool as_json) {
     path = live[0];
   }
   std::ifstream f(path);
-  json job;
-  try {
-    if (!f) throw std::runtime_error("cannot read it");
-    f >> job;
-    if (!job.contains("address") || !job.contains("token")) throw std::runtime_error("no address");
-  } catch (const std::exception& e) {
+  std::string text;
+  if (f) {
+    // Bounded: a job file is a line; a wrong path must not read gigabytes.
+    text.resize(kMaxJobFileBytes + 1);
+    f.read(text.data(), static_cast<std::streamsize>(text.size()));
+    text.resize(static_cast<size_t>(f.gcount()));
+  }
+  auto job = f ? ParseJobFile(text) : StatusOr<JobFile>(InvalidArgument("cannot read it"));
+  if (!job.ok()) {
     std::fprintf(stderr, "elastic-run status: %s is not a job file (%s)\n", path.c_str(),
-                 e.what());
+                 job.status().message().c_str());
     return 2;
   }
   rendezvous::ClientOptions co;
-  co.address = job["address"].get<std::string>();
-  co.token = job["token"].get<std::string>();
+  co.address = job->address;
+  co.token = job->token;
   rendezvous::Client client(co);
   auto got = client.JobStatus(std::chrono::seconds(5));
   if (!got.ok()) {

@@ -49,4 +49,12 @@ Status WriteJobFile(const std::string& path, const std::string& address, const s
 // (0; 1 when no driver answers; 2 for a bad or ambiguous job file).
 int RunStatusCommand(const std::string& job_file, bool json);
 
+// What a job file says (WriteJobFile): where the driver listens and its token.
+struct JobFile {
+  std::string address, token;
+};
+constexpr size_t kMaxJobFileBytes = 64 << 10;
+// INVALID_ARGUMENT naming what is missing when `text` is not a job file.
+StatusOr<JobFile> ParseJobFile(const std::string& text);
+
 }  // namespace elastic::driver

@@ -10,7 +10,7 @@ PACKAGES=(
   pybind11-dev python3-dev python3-pybind11 python3-pytest python3-numpy
   python3-torch python3-sklearn
   iproute2 procps openssh-server openssh-client gdb elfutils
-  libcpp-httplib-dev python3-matplotlib slurm-wlm munge
+  libcpp-httplib-dev python3-matplotlib slurm-wlm munge nftables clang libfuzzer-14-dev
 )
 
 missing=()
