@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# The chaos soak (tests/soak/soak.py): elastic jobs of the C++ example under random kills,
-# additions, removals, discovery failures and graceful leaves, each checked for exactly-once
-# data, the fault-free model, no silent restart, no orphans and no stall.
+# The chaos soak (tests/soak/soak.py): elastic jobs under random kills, stops, additions,
+# removals, discovery failures and graceful leaves (and with --hosts netns, host kills, link
+# flaps, packet loss, bandwidth caps and partitions), each checked for exactly-once data, the
+# fault-free model, recovery in place, no orphans (a /proc scan), nothing left in /dev/shm and
+# no stall.
 #
-#   scripts/soak.sh --minutes 2              # a fresh seed, printed at the start
-#   scripts/soak.sh --minutes 30 --seed 42   # replay a seed
+#   scripts/soak.sh --minutes 2                        # the C++ example; a fresh seed, printed
+#   scripts/soak.sh --minutes 30 --seed 42             # replay a seed
+#   scripts/soak.sh --workload python --minutes 10     # PyTorch, DataLoader(num_workers=2)
+#   scripts/soak.sh --hosts netns --minutes 10         # three namespace hosts (root)
+#   scripts/soak.sh --overlap --minutes 10             # faults that do not wait for recovery
 #
 # Needs a build (scripts/test.sh makes one in ./build; BUILD_DIR=... to use another).
 set -euo pipefail

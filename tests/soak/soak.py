@@ -1,14 +1,13 @@
 #!/usr/bin/env python3
 """The chaos soak: elastic jobs under random faults, checked against the product's promise.
 
-Runs the C++ example (examples/logistic_regression) under
-    elastic-run --min-np 2 --max-np 6 --host-discovery-script <a script printing a file>
-one job after another until --minutes have passed, and injects at random, with a seeded
-generator:
+Runs one job after another until --minutes have passed, each under
+    elastic-run --min-np 2 --max-np N --host-discovery-script <a script printing a file>
+and injects at random, with a seeded generator:
   kill          SIGKILL of a member
   kill-on-form  a scale change, then SIGKILL of a member the moment the new round forms
                 (while it connects its Gloo mesh or syncs the state; rank 0 when another
-                member also holds the newest version)
+                member also holds the newest version: a kill during a state sync)
   add, remove   slots added to or removed from the discovery file
   disc-fail, disc-hang, disc-garbage
                 the discovery script exits 3, hangs past --discovery-timeout, or prints
@@ -16,19 +15,33 @@ generator:
   leave         SIGUSR1: the worker reports LEAVING and exits 0
   stop          SIGSTOP of a member, never continued: a hung worker the driver must find
                 (--liveness-timeout), name and kill
-Faults that take a worker away wait until the job has recovered from the previous one (a
-commit in a newer round), and so do removals after a stop (a stopped worker is found only
-after seconds), so that some worker always holds the committed state: losing every
-holder at once is a real loss, which the driver reports (state_lost), not one the soak should
-provoke.
+With --overlap, destructive faults no longer wait for the previous recovery (as long as one
+holder of the newest commit is left untouched), and these join the mix:
+  kill-many     SIGKILL of two or more members at once
+  stop-cont     SIGSTOP, then SIGCONT after 0.3-2 s (before the liveness timeout: nothing may
+                change) or after 6-9 s (after it: the worker is lost and replaced)
+  spare-kill, spare-stop
+                SIGKILL or SIGSTOP of a warm spare (--spares) waiting for a place
+With --hosts netns, the hosts are three network namespaces on a bridge (tests/soak/hosts.py)
+and host faults join: host-kill (every process of a host), link-flap (its link down for
+1-4 s), loss (1-10 % of its packets dropped for 2-6 s), cap (a 1-8 Mbit/s bandwidth cap for
+2-6 s), partition (cut off from the other hosts, not from the driver, for 2-6 s); two hosts
+may be impaired at once, never all three.
+--workload python trains examples/train_digits.py (PyTorch, DataLoader(num_workers=2)).
 
-After each job it checks: exit 0; every sample index of every epoch consumed by exactly one
-committed step (the example's ledger); no round resuming further back than one commit interval
-(no silent restart); the final model bit for bit the fault-free one (its hash); no worker
-process left behind; no stall (no two consecutive ledger lines further apart than --stall).
+After each job it checks, with oracles that do not ask the product: exit 0; every sample index
+of every epoch consumed by exactly one committed step (the workers' ledgers); no round resuming
+further back than one commit interval; the final model the fault-free one (bit for bit for
+the C++ example, within 1e-4 for PyTorch); no process left that carries the job's marker in
+its environment (a scan of /proc: workers, launchers, DataLoader workers); nothing of the
+job's workers left in /dev/shm; every worker that no fault touched kept its process to the end
+(recovery in place: its pid never changed); no stall longer than its fault kind's bound, all
+below the rendezvous timeout; and while the discovery script misbehaves alone, no membership
+change (no round_proposed, host_removed or worker_exited).
 
     tests/soak/soak.py --minutes 2                 # a fresh seed, printed at the start
     tests/soak/soak.py --minutes 30 --seed 1234    # replay a seed's fault schedule
+    tests/soak/soak.py --workload python --hosts netns --overlap --minutes 10
 
 A seed replays the same choices of faults and targets; their timing against training varies
 from run to run. Exits 0 when every job kept the promise, 1 otherwise (the failing job's folder
@@ -42,22 +55,41 @@ import pathlib
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
+import uuid
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "python"))
+sys.path.insert(0, str(ROOT / "tests" / "soak"))
 
 import ledger  # noqa: E402
-from helpers import Job, pid_alive, run, wait_gone  # noqa: E402
+from helpers import Job, pid_alive, procs_with_marker, run  # noqa: E402
+from hosts import Discovery, LocalHosts, NetnsHosts  # noqa: E402
+from workloads import CppWorkload, PythonWorkload  # noqa: E402
 
-SAMPLES = 4096
-COMMIT_EVERY = 4
-HOSTS = ["localhost", "127.0.0.1"]  # two host names, both this machine
-MIN_NP, MAX_NP = 2, 6
+MARK = "ELASTIC_SOAK_MARK"
 WEIGHTS = {"kill": 24, "kill-on-form": 12, "add": 14, "remove": 12, "disc-fail": 8,
            "disc-hang": 5, "disc-garbage": 8, "leave": 10, "stop": 6}
+OVERLAP_WEIGHTS = {"kill-many": 10, "stop-cont": 10, "spare-kill": 6, "spare-stop": 4}
+# Faults that take workers away (or may: a host fault can make its workers lost).
+DESTRUCTIVE = {"kill", "kill-on-form", "leave", "stop", "kill-many", "stop-cont", "host-kill",
+               "link-flap", "loss", "cap", "partition"}
+# Without --overlap, these wait for a commit in a round newer than the last one's: they
+# certainly take workers away, so the job must have recovered first.
+GATED = {"kill", "kill-on-form", "leave", "stop", "kill-many", "host-kill"}
+HOST_FAULTS = {"host-kill", "link-flap", "loss", "cap", "partition"}
+LIVENESS = 4  # --liveness-timeout of the soak's jobs
+RENDEZVOUS = 30  # --rendezvous-timeout
+# The longest training may pause after a fault of each kind (seconds), all below the
+# rendezvous timeout. A crash is seen at once; a silent worker within the liveness timeout;
+# a PyTorch newcomer needs 1-2 s to import torch before it can take the state.
+STALL = {"crash": 10.0, "silent": LIVENESS + 12.0}
+# The processes of a remote launch itself (driver/launch.h), above the worker program.
+LAUNCH_PROGRAMS = {"sh", "dash", "bash", "ip", "env", "setsid", "sleep"}
+SILENT = {"stop", "stop-cont", "link-flap", "loss", "cap", "partition", "spare-stop"}
 
 
 class Events:
@@ -87,38 +119,112 @@ class Events:
         return None
 
 
-class Discovery:
-    """A discovery script that prints a host file, or misbehaves as its mode file says."""
+class Fault:
+    def __init__(self, kind, targets, pids, host=None):
+        self.kind, self.targets, self.pids, self.host = kind, targets, pids, host
+        self.at = time.time()
+        self.until = self.at  # lasting faults: when they were healed
 
-    def __init__(self, folder):
-        self.hosts = folder / "hosts.txt"
-        self.mode = folder / "mode"
-        self.script = folder / "discover.sh"
-        self.script.write_text(
-            "#!/bin/sh\n"
-            f"case $(cat {self.mode} 2>/dev/null) in\n"
-            "  fail) echo 'cloud API down' >&2; exit 3 ;;\n"
-            "  hang) sleep 30 ;;\n"
-            "  garbage) echo '%% not a host list %%' ;;\n"
-            f"  *) cat {self.hosts} ;;\n"
-            "esac\n")
-        self.script.chmod(0o755)
-        self.slots = {"localhost": 2, "127.0.0.1": 1}
-        self.write()
-        self.set_mode("good")
 
-    def write(self):
-        tmp = self.hosts.with_suffix(".tmp")
-        tmp.write_text("".join(f"{h}:{n}\n" for h, n in self.slots.items() if n > 0))
-        os.replace(tmp, self.hosts)
+class JobRun:
+    """One job's bookkeeping: its faults, the processes they touched, its events."""
 
-    def set_mode(self, mode):
-        tmp = self.mode.with_suffix(".tmp")
-        tmp.write_text(mode)
-        os.replace(tmp, self.mode)
+    def __init__(self, soak, seed, folder):
+        self.soak = soak
+        self.rng = random.Random(seed)
+        self.folder = folder
+        self.disc = Discovery(folder, soak.hosts.first_slots)
+        self.ev = Events(str(folder / "events.jsonl"))
+        self.faults = []
+        self.hit = set()  # pids a fault touched
+        self.hit_hosts = set()
+        self.removed = set()  # slots ever removed from the discovery file
+        self.counts = collections.Counter()
+        self.quiet = []  # (start, end) windows in which only the discovery script misbehaved
 
-    def total(self):
-        return sum(self.slots.values())
+    def pid_of(self, slot):
+        starts = [e for e in self.ev.all if e["event"] == "worker_started" and e["slot"] == slot]
+        return starts[-1]["pid"] if starts else None
+
+    def worker_pid(self, slot):
+        """The worker program's own process: the launched process itself for local slots; for
+        a remote slot, the first process under the launcher that is not part of the launch (a
+        SIGSTOP of the launcher's shell would stop no worker, only the driver's view of it)."""
+        root = self.pid_of(slot)
+        if root is None:
+            return None
+        children = collections.defaultdict(list)
+        names = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            head, _, tail = text.rpartition(")")
+            names[int(entry)] = head.partition("(")[2]
+            children[int(tail.split()[1])].append(int(entry))
+        queue = [root]
+        while queue:
+            pid = queue.pop(0)
+            if names.get(pid) not in LAUNCH_PROGRAMS:
+                return pid
+            queue.extend(sorted(children.get(pid, [])))
+        return None
+
+    def alive(self, slot):
+        pid = self.pid_of(slot)
+        return pid is not None and pid_alive(pid)
+
+    def spares(self):
+        """Slots whose newest process is a warm spare not yet promoted."""
+        state = {}
+        for e in self.ev.all:
+            if e["event"] == "worker_started":
+                state[e["slot"]] = bool(e.get("spare"))
+            elif e["event"] == "spare_promoted":
+                state[e["slot"]] = False
+        return [s for s, spare in state.items() if spare and self.alive(s)]
+
+    def holders(self, exclude=()):
+        """Members of the newest formed round that committed in it and that no fault touched:
+        each holds the newest commit (ranks commit in lockstep)."""
+        formed_at, started_at, committed = None, {}, set()
+        for i, e in enumerate(self.ev.all):
+            if e["event"] == "round_formed":
+                formed_at, formed, committed = i, e, set()
+            elif e["event"] == "worker_started":
+                started_at[e["slot"]] = i
+            elif e["event"] == "committed" and formed_at is not None and \
+                    e["round"] == formed["round"]:
+                committed.add(e["slot"])
+        if formed_at is None:
+            return []
+        out = []
+        for s in formed["members"]:
+            pid = self.pid_of(s)
+            # A process started after the round formed (a relaunch) is not the one that
+            # committed there: it holds nothing yet.
+            fresh = started_at.get(s, -1) > formed_at
+            if (s in committed and not fresh and s not in exclude and pid not in self.hit
+                    and self.alive(s) and self.disc.listed(s)):
+                out.append(s)
+        return out
+
+    def record(self, kind, targets, host=None):
+        pids = [self.pid_of(s) for s in targets]
+        self.hit.update(p for p in pids if p)
+        if host:
+            self.hit_hosts.add(host)
+        f = Fault(kind, targets, pids, host)
+        self.faults.append(f)
+        self.counts[kind] += 1
+        with open(self.folder / "faults.jsonl", "a") as log:  # for the post-mortem
+            log.write(json.dumps({"ts": f.at, "kind": kind, "targets": targets, "pids": pids,
+                                  "host": host}) + "\n")
+        return f
 
 
 class Soak:
@@ -126,101 +232,143 @@ class Soak:
         self.args = args
         self.build = pathlib.Path(args.build_dir)
         self.elastic_run = str(self.build / "driver" / "elastic-run")
-        self.example = str(self.build / "examples" / "logistic_regression")
-        self.train_args = ["--samples", str(SAMPLES), "--epochs", str(args.epochs),
-                           "--step-ms", str(args.step_ms), "--commit-every", str(COMMIT_EVERY)]
+        cls = PythonWorkload if args.workload == "python" else CppWorkload
+        self.work = cls(self.build, args.epochs, args.step_ms)
+        self.hosts = NetnsHosts() if args.hosts == "netns" else LocalHosts()
+        self.weights = dict(WEIGHTS)
+        if args.overlap:
+            self.weights.update(OVERLAP_WEIGHTS)
+        self.weights.update(self.hosts.faults)
         self.faults = collections.Counter()
+        self.stalls = collections.defaultdict(float)  # fault kind -> longest stall after one
         self.violations = []
         self.jobs = 0
 
     def baseline(self):
-        rc, out = run([self.elastic_run, "-np", "2", self.example] + self.train_args,
+        folder = pathlib.Path(tempfile.mkdtemp(prefix="elastic-soak-baseline-"))
+        self.baseline_dir = folder
+        rc, out = run([self.elastic_run, "-np", "2"] + self.work.baseline_command(folder),
                       timeout=600)
-        if rc != 0 or not ledger.final_hash(out):
+        want = self.work.baseline(out, folder)
+        if rc != 0 or not want:
             raise SystemExit(f"soak: the fault-free run failed (exit {rc}):\n{out[-3000:]}")
-        return ledger.final_hash(out)
+        return want
+
+    def job_args(self, j, spares):
+        return ([self.elastic_run, "--min-np", str(self.work.min_np), "--max-np",
+                 str(self.work.max_np), "--spares", str(spares),
+                 "--host-discovery-script", str(j.disc.script), "--discovery-interval", "0.5",
+                 "--discovery-timeout", "2", "--host-failure-limit", "0",
+                 "--liveness-timeout", str(LIVENESS), "--rendezvous-timeout", str(RENDEZVOUS),
+                 "--grace-period", "2", "--event-log", str(j.ev.path)]
+                + self.hosts.launcher_args() + self.work.command(j.folder))
 
     def run_job(self, seed, want, folder):
-        rng = random.Random(seed)
-        disc = Discovery(folder)
-        log = folder / "events.jsonl"
-        book = str(folder / "ledger")
-        ev = Events(str(log))
+        j = JobRun(self, seed, folder)
+        rng = j.rng
+        marker = uuid.uuid4().hex
         env = dict(os.environ)
         env.pop("ELASTIC_TEST_HOOKS", None)
+        env[MARK] = marker
+        shm_before = set(os.listdir("/dev/shm"))
         # Some jobs keep warm spares: lost members' places are then taken by them.
         spares = rng.choice([0, 0, 1, 2])
-        job = Job([self.elastic_run, "--min-np", str(MIN_NP), "--max-np", str(MAX_NP),
-                   "--spares", str(spares),
-                   "--host-discovery-script", str(disc.script), "--discovery-interval", "0.5",
-                   "--discovery-timeout", "2", "--host-failure-limit", "0",
-                   "--rendezvous-timeout", "10", "--event-log", str(log), self.example]
-                  + self.train_args + ["--ledger", book], env=env)
-        faults = collections.Counter()
+        job = Job(self.job_args(j, spares), env=env)
         started = time.monotonic()
         gate_round = -1  # a destructive fault waits for a commit in a round newer than this
         stop_pending = False  # the last destructive fault was a SIGSTOP
-        restore_at = None
+        restore_at = None  # the discovery script's misbehaviour ends then
+        lasting = []  # (heal at, fault): host impairments and stop-cont
+        quiet_until = 0  # while the discovery script misbehaves, and a moment after: no fault
         try:
             while job.proc.poll() is None:
-                ev.poll()
-                if restore_at and time.monotonic() >= restore_at:
-                    disc.set_mode("good")
+                j.ev.poll()
+                now = time.monotonic()
+                if restore_at and now >= restore_at:
+                    j.disc.set_mode("good")
                     restore_at = None
-                if time.monotonic() - started > self.args.job_timeout:
+                    quiet_until = now + 1.5  # the next good run sees the hosts as before
+                    if j.quiet and j.quiet[-1][1] is None:
+                        j.quiet[-1] = (j.quiet[-1][0], time.time())
+                for item in [x for x in lasting if now >= x[0]]:
+                    lasting.remove(item)
+                    self.heal(item[1])
+                if now - started > self.args.job_timeout:
                     self.violations.append(f"job {seed}: still running after "
                                            f"{self.args.job_timeout} s")
                     break
                 if self.near_end(job):
+                    self.heal_all(lasting)
                     time.sleep(0.1)
                     continue
-                time.sleep(rng.uniform(0.2, 1.2))
+                time.sleep(rng.uniform(*self.args.fault_gap))
                 # Again after the pause: epochs can be shorter than it (seed 75897288 killed
                 # a worker while the job was finishing, checked only before the pause).
                 if self.near_end(job):
                     continue
-                ev.poll()
-                formed = ev.last("round_formed")
-                if formed is None:
+                j.ev.poll()
+                formed = j.ev.last("round_formed")
+                if formed is None or restore_at or time.monotonic() < quiet_until:
                     continue
                 recovered = any(e["event"] == "committed" and e["round"] > gate_round
-                                for e in ev.all)
-                action = rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
-                destructive = action in ("kill", "kill-on-form", "leave", "stop")
+                                for e in j.ev.all)
+                action = rng.choices(list(self.weights), weights=list(self.weights.values()))[0]
+                destructive = action in DESTRUCTIVE
+                overlap_ok = self.args.overlap and action not in HOST_FAULTS
                 # A removal takes a worker (and the state it holds) away too: while a stopped
                 # worker is not yet found (seconds), removing the other holder would lose the
                 # state for real (seed 915124613); it waits for the recovery like the others.
-                if (destructive or (action == "remove" and stop_pending)) and not recovered:
+                if ((action in GATED or (action == "remove" and stop_pending)) and not recovered
+                        and not overlap_ok):
                     continue
-                if action.startswith("disc-") and restore_at:
+                if action.startswith("disc-"):
+                    # Alone, long after the last fault ended (a worker stopped or cut off is
+                    # lost only after the liveness timeout), so that any membership change
+                    # meanwhile is the discovery's fault.
+                    last_end = max((max(f.at, f.until or time.time()) for f in j.faults),
+                                   default=0)
+                    if restore_at or lasting or not recovered or \
+                            time.time() - last_end < LIVENESS + 4:
+                        continue
+                if action in HOST_FAULTS and len([x for x in lasting if x[1].host]) >= \
+                        len(self.hosts.names) - 1:
+                    continue  # one host at least is never impaired
+                if destructive and lasting and not self.args.overlap:
                     continue
-                done = self.inject(action, rng, disc, ev, job, formed)
-                if done:
-                    faults[action] += 1
-                    if destructive:
-                        gate_round = ev.last("round_formed")["round"]
-                        stop_pending = action == "stop"
-                    if action.startswith("disc-"):
-                        restore_at = time.monotonic() + rng.uniform(1.0, 2.5)
-            disc.set_mode("good")
+                fault = self.inject(action, j, job, formed)
+                if fault is None:
+                    continue
+                if action in GATED:
+                    gate_round = j.ev.last("round_formed")["round"]
+                    stop_pending = action == "stop"
+                if action.startswith("disc-"):
+                    restore_at = time.monotonic() + rng.uniform(1.0, 2.5)
+                    j.quiet.append((time.time(), None))
+                if fault.until is None:  # lasting: healed later
+                    lasting.append((time.monotonic() + fault.duration, fault))
+            self.heal_all(lasting)
+            j.disc.set_mode("good")
             rc = job.wait(timeout=max(10, self.args.job_timeout - (time.monotonic() - started)))
         except AssertionError as e:  # Job.wait's timeout
             rc = None
             self.violations.append(f"job {seed}: {str(e)[:200]}")
         finally:
+            self.heal_all(lasting)
+            if job.proc.poll() is None:
+                self.dump_stacks(marker, folder)
             job.kill()
-        ev.poll()
+        j.ev.poll()
         (folder / "output.txt").write_text(job.text() + "\n")
-        problems = self.check(rc, job, want, book, ev)
+        problems = self.check(rc, job, want, j, marker, shm_before)
         for p in problems:
             self.violations.append(f"job {seed}: {p}")
-        self.faults.update(faults)
+        self.faults.update(j.counts)
         self.jobs += 1
-        total = sum(faults.values())
-        promoted = len([e for e in ev.all if e["event"] == "spare_promoted"])
+        total = sum(j.counts.values())
+        promoted = len([e for e in j.ev.all if e["event"] == "spare_promoted"])
         print(f"soak: job {seed}: --spares {spares} ({promoted} used), "
-              f"{total} faults {dict(faults)}, "
-              f"{len([e for e in ev.all if e['event'] == 'round_formed'])} rounds, "
+              f"{total} faults {dict(j.counts)}, "
+              f"{len([e for e in j.ev.all if e['event'] == 'round_formed'])} rounds, "
               f"exit {rc}, {'OK' if not problems else 'VIOLATIONS: ' + '; '.join(problems)}",
               flush=True)
         # Not a violation, but worth a look: members stuck in a round, aborted out of it by
@@ -234,71 +382,164 @@ class Soak:
 
     def near_end(self, job):
         # A kill while the last workers finish would fail the job by design (a failure while
-        # finishing ends a job): the soak stops injecting in the last two epochs.
-        return f"epoch {self.args.epochs - 3} done" in job.text()
+        # finishing ends a job): the soak stops injecting in the last three epochs.
+        return self.work.epoch_done(job.text(), self.args.epochs - 3)
 
-    def inject(self, action, rng, disc, ev, job, formed):
-        members = [s for s in formed["members"] if self.alive(ev, s)]
-        if action == "kill":
-            if len(members) < 1:
-                return False
-            return self.kill(ev, rng.choice(members), signal.SIGKILL)
-        if action == "stop":  # a hung worker (SIGSTOP, never continued): found and killed
-            if len(members) < 1:
-                return False
-            return self.kill(ev, rng.choice(members), signal.SIGSTOP)
+    # --- faults ---
+
+    def inject(self, action, j, job, formed):
+        """Injects `action`; returns its Fault, or None when it did not apply now."""
+        rng = j.rng
+        members = [s for s in formed["members"] if j.alive(s) and j.pid_of(s) not in j.hit]
+        holders = j.holders()
+
+        def safe(targets):
+            # Some holder of the newest commit must be left untouched.
+            return bool(j.holders(exclude=set(targets)))
+
+        if action in ("kill", "stop"):
+            if not members:
+                return None
+            target = rng.choice(members)
+            if not safe([target]):
+                return None
+            sig = signal.SIGKILL if action == "kill" else signal.SIGSTOP
+            return j.record(action, [target]) if self.signal(j, target, sig) else None
+        if action == "kill-many":
+            if len(members) < 3 or len(holders) < 2:
+                return None
+            k = rng.randint(2, len(members) - 1)
+            targets = rng.sample(members, k)
+            if not safe(targets):
+                return None
+            fault = j.record(action, targets)
+            for t in targets:
+                self.signal(j, t, signal.SIGKILL)
+            return fault
+        if action == "stop-cont":
+            if not members:
+                return None
+            target = rng.choice(members)
+            if not safe([target]):
+                return None
+            # Before the liveness timeout (nothing may change), or after it (lost, replaced).
+            pause = rng.uniform(0.3, 2.0) if rng.random() < 0.6 else rng.uniform(6.0, 9.0)
+            if not self.signal(j, target, signal.SIGSTOP):
+                return None
+            fault = j.record(action, [target])
+            fault.duration, fault.until = pause, None
+            fault.heal = lambda pid=j.worker_pid(target): self.cont(pid)
+            return fault
+        if action in ("spare-kill", "spare-stop"):
+            spares = j.spares()
+            if not spares:
+                return None
+            target = rng.choice(spares)
+            sig = signal.SIGKILL if action == "spare-kill" else signal.SIGSTOP
+            return j.record(action, [target]) if self.signal(j, target, sig) else None
         if action == "leave":
             if len(members) < 3:
-                return False  # below --min-np the job would wait for a host change
-            return self.kill(ev, rng.choice(members), signal.SIGUSR1)
-        if action == "add" or action == "remove":
-            return self.resize(action, rng, disc)
+                return None  # below --min-np the job would wait for a host change
+            target = rng.choice(members)
+            if not safe([target]):
+                return None
+            return j.record(action, [target]) if self.signal(j, target, signal.SIGUSR1) else None
+        if action in ("add", "remove"):
+            return self.resize(action, j)
         if action == "kill-on-form":
-            if not self.resize(rng.choice(["add", "remove"]), rng, disc):
-                return False
-            before = formed["round"]
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and job.proc.poll() is None:
-                for e in ev.poll():
-                    if e["event"] == "round_formed" and e["round"] > before:
-                        holders = [s for s, v in zip(e["members"], e["versions"])
-                                   if v == e["version"] and e["version"] > 0]
-                        if len(holders) >= 2 and rng.random() < 0.5:
-                            target = e["members"][0]  # rank 0, while it sends the state
-                        else:
-                            others = e["members"][1:] or e["members"]
-                            target = rng.choice(others)
-                        return self.kill(ev, target, signal.SIGKILL)
-                time.sleep(0.005)
-            return False
+            return self.kill_on_form(j, job, formed)
+        if action in HOST_FAULTS:
+            return self.host_fault(action, j)
         mode = {"disc-fail": "fail", "disc-hang": "hang", "disc-garbage": "garbage"}[action]
-        disc.set_mode(mode)
-        return True
+        j.disc.set_mode(mode)
+        return j.record(action, [])
 
-    def resize(self, action, rng, disc):
-        host = rng.choice(HOSTS)
-        if action == "add":
-            if disc.total() >= MAX_NP + 1:
-                return False
-            disc.slots[host] += 1
-        else:
-            if disc.total() <= MIN_NP or disc.slots[host] == 0:
-                return False
-            disc.slots[host] -= 1
-        disc.write()
-        return True
+    def kill_on_form(self, j, job, formed):
+        rng = j.rng
+        if self.resize(rng.choice(["add", "remove"]), j) is None:
+            return None
+        before = formed["round"]
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and job.proc.poll() is None:
+            for e in j.ev.poll():
+                if e["event"] == "round_formed" and e["round"] > before:
+                    holders = [s for s, v in zip(e["members"], e["versions"])
+                               if v == e["version"] and e["version"] > 0]
+                    if len(holders) >= 2 and rng.random() < 0.5:
+                        target = e["members"][0]  # rank 0, while it sends the state
+                    else:
+                        others = e["members"][1:] or e["members"]
+                        target = rng.choice(others)
+                    if not [h for h in holders if h != target and j.pid_of(h) not in j.hit]:
+                        return None
+                    fault = j.record("kill-on-form", [target])
+                    self.signal(j, target, signal.SIGKILL)
+                    return fault
+            time.sleep(0.005)
+        return None
+
+    def host_fault(self, action, j):
+        hosts = self.hosts
+        rng = j.rng
+        candidates = [h for h in hosts.names
+                      if j.disc.slots.get(h, 0) > 0 and h not in hosts.impaired]
+        rng.shuffle(candidates)
+        for host in candidates:
+            formed = j.ev.last("round_formed")
+            on_host = [s for s in formed["members"] if s.rpartition(":")[0] == host]
+            # Another host must keep a holder of the newest commit.
+            if not on_host or not j.holders(exclude=set(on_host)):
+                continue
+            if action == "host-kill":
+                fault = j.record(action, on_host, host)
+                hosts.kill_host(host)
+                return fault
+            fault = j.record(action, on_host, host)
+            fault.what = hosts.impair(host, action, rng)
+            fault.duration = rng.uniform(1.0, 4.0) if action == "link-flap" else rng.uniform(2, 6)
+            fault.until = None
+            fault.heal = lambda h=host: hosts.heal(h)
+            return fault
+        return None
+
+    def heal(self, fault):
+        fault.heal()
+        fault.until = time.time()
+
+    def heal_all(self, lasting):
+        for item in list(lasting):
+            lasting.remove(item)
+            self.heal(item[1])
+        self.hosts.heal()
 
     @staticmethod
-    def pid_of(ev, slot):
-        starts = [e for e in ev.all if e["event"] == "worker_started" and e["slot"] == slot]
-        return starts[-1]["pid"] if starts else None
+    def cont(pid):
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
-    def alive(self, ev, slot):
-        pid = self.pid_of(ev, slot)
-        return pid is not None and pid_alive(pid)
+    def resize(self, action, j):
+        rng, disc = j.rng, j.disc
+        host = rng.choice(self.hosts.names)
+        if action == "add":
+            if disc.total() >= self.work.max_np + 1:
+                return None
+            disc.slots[host] = disc.slots.get(host, 0) + 1
+            disc.write()
+            return j.record(action, [])
+        if disc.total() <= self.work.min_np or disc.slots.get(host, 0) == 0:
+            return None
+        gone = f"{host}:{disc.slots[host] - 1}"
+        if not j.holders(exclude={gone}):
+            return None
+        disc.slots[host] -= 1
+        disc.write()
+        j.removed.add(gone)
+        return j.record(action, [])
 
-    def kill(self, ev, slot, sig):
-        pid = self.pid_of(ev, slot)
+    def signal(self, j, slot, sig):
+        pid = j.worker_pid(slot)
         if pid is None or not pid_alive(pid):
             return False
         try:
@@ -307,47 +548,175 @@ class Soak:
             return False
         return True
 
-    def check(self, rc, job, want, book, ev):
+    # --- the oracle ---
+
+    def check(self, rc, job, want, j, marker, shm_before):
         problems = []
+        book = str(j.folder / "ledger")
         if rc != 0:
             problems.append(f"elastic-run exited {rc}: " + " | ".join(job.lines[-5:]))
-        got = ledger.final_hash(job.text())
-        if got != want:
-            problems.append(f"final model hash {got}, fault-free {want}")
         if rc == 0:
-            problems += ledger.check(book, SAMPLES, self.args.epochs,
-                                     max_rollback=COMMIT_EVERY + 1)
-            gap = ledger.longest_gap(book)
-            if gap > self.args.stall:
-                problems.append(f"training stalled for {gap:.1f} s (bound {self.args.stall} s)")
-        pids = [e["pid"] for e in ev.all if e["event"] == "worker_started"]
-        left = wait_gone(pids, timeout=10)
+            problems += self.work.model_problems(job.text(), j.folder, want)
+            problems += ledger.check(book, self.work.samples, self.args.epochs,
+                                     max_rollback=self.work.commit_every + 1)
+            problems += self.stall_problems(j, book)
+        # Leftovers, found in /proc by the marker every process of the job inherits.
+        deadline = time.monotonic() + 15
+        left = procs_with_marker(marker, MARK)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = procs_with_marker(marker, MARK)
         if left:
-            problems.append(f"worker processes left behind: {left}")
-        # A spare not used (yet) is stopped by design: at the end, or when its slot is no
-        # longer listed. Whether an exit was a spare's is what the slot was at that moment.
-        spare_now, stopped = {}, []
-        for e in ev.all:
+            problems.append(f"processes of the job left behind: {self.describe(left)}")
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        pids = {e["pid"] for e in j.ev.all if e["event"] == "worker_started"}
+        shm_left = [n for n in set(os.listdir("/dev/shm")) - shm_before
+                    if n.startswith("elastic-") and n.split("-")[1].isdigit()
+                    and int(n.split("-")[1]) in pids]
+        if shm_left:
+            problems.append(f"/dev/shm holds segments of the job's workers: {sorted(shm_left)}")
+        problems += self.in_place_problems(j, rc)
+        problems += self.stopped_problems(j, rc)
+        problems += self.quiet_problems(j)
+        if [e for e in j.ev.all if e["event"] == "state_lost"]:
+            problems.append("the driver reported the state lost")
+        return problems
+
+    @staticmethod
+    def dump_stacks(marker, folder):
+        """A job that did not end: the stacks of each of its processes, for the post-mortem."""
+        with open(folder / "stacks.txt", "w") as out:
+            for pid in procs_with_marker(marker, MARK):
+                out.write(f"=== pid {pid}: {' '.join(Soak.describe([pid]))}\n")
+                out.flush()
+                try:
+                    subprocess.run(["eu-stack", "-p", str(pid)], stdout=out,
+                                   stderr=subprocess.STDOUT, timeout=20)
+                except (OSError, subprocess.TimeoutExpired) as e:
+                    out.write(f"eu-stack: {e}\n")
+
+    @staticmethod
+    def describe(pids):
+        out = []
+        for pid in pids[:5]:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+                out.append(f"{pid} {cmdline[:80]}")
+            except OSError:
+                out.append(str(pid))
+        return out
+
+    def stall_problems(self, j, book):
+        """The longest pause in training after each fault, against its kind's bound."""
+        ts = sorted(l.ts / 1000.0 for l in ledger.read(book))
+        faults = sorted(j.faults, key=lambda f: f.at)
+        problems = []
+        k = 0
+        worst = {}
+        for a, b in zip(ts, ts[1:]):
+            while k < len(faults) and faults[k].at <= a:
+                k += 1
+            # The gap is the most recent fault's (before the gap began), or the job's own.
+            f = faults[k - 1] if k > 0 else None
+            if f is None or a > max(f.at, f.until or f.at) + 30:
+                continue
+            # Its bound: a silent fault's when one was in effect as the gap began (its
+            # workers are found only after the liveness timeout), else a crash's.
+            silent = any(g.kind in SILENT and g.at <= a <= (g.until or g.at) + LIVENESS + 6
+                         for g in faults[:k])
+            bound = STALL["silent" if silent or f.kind in SILENT else "crash"]
+            gap = b - a
+            if gap > worst.get(f.kind, (0.0, 0.0))[0]:
+                worst[f.kind] = (gap, bound)
+        for kind, (gap, bound) in worst.items():
+            self.stalls[kind] = max(self.stalls[kind], gap)
+            if gap > bound:
+                problems.append(f"training stalled for {gap:.1f} s after a {kind} fault "
+                                f"(bound {bound:.0f} s)")
+        return problems
+
+    def in_place_problems(self, j, rc):
+        """A worker no fault touched must keep its process: recovery happens in place."""
+        if rc != 0:
+            return []
+        problems = []
+        last_start = {}
+        for e in j.ev.all:
+            if e["event"] == "worker_started":
+                last_start[e["slot"]] = e
+            if e["event"] != "worker_exited":
+                continue
+            s = last_start.get(e["slot"])
+            if s is None or s["pid"] in j.hit or e["slot"] in j.removed:
+                continue
+            if e["slot"].rpartition(":")[0] in j.hit_hosts:
+                continue
+            if e["code"] == 0 or s.get("spare"):
+                continue
+            if e["status"].startswith("signal 15"):
+                continue  # stopped by the driver at the end: stopped_problems' business
+            problems.append(f"slot {e['slot']} (pid {s['pid']}), touched by no fault, ended "
+                            f"with {e['status']}: its recovery was not in place")
+        return problems
+
+    @staticmethod
+    def stopped_problems(j, rc):
+        """Members must end by themselves: the driver stops only spares at the end. Whether an
+        exit was a spare's is what the slot was at that moment."""
+        spare_now, stopped, last_pid = {}, [], {}
+        for e in j.ev.all:
             if e["event"] == "worker_started":
                 spare_now[e["slot"]] = bool(e.get("spare"))
             elif e["event"] == "spare_promoted":
                 spare_now[e["slot"]] = False
-            elif (e["event"] == "worker_exited" and e["status"].startswith("signal 15")
-                  and not spare_now.get(e["slot"])):
+            if (e["event"] == "worker_exited" and e["status"].startswith("signal 15")
+                    and not spare_now.get(e["slot"]) and last_pid.get(e["slot"]) not in j.hit):
                 stopped.append(e["slot"])
+            if e["event"] == "worker_started":
+                last_pid[e["slot"]] = e["pid"]
         if rc == 0 and stopped:
-            problems.append(f"worker(s) {stopped} never ended by themselves (stopped at the end)")
-        if [e for e in ev.all if e["event"] == "state_lost"]:
-            problems.append("the driver reported the state lost")
+            return [f"worker(s) {stopped} never ended by themselves (stopped at the end)"]
+        return []
+
+    def quiet_problems(self, j):
+        problems = []
+        for start, end in j.quiet:
+            end = (end or time.time()) + 1.0  # one more discovery run after the restore
+            for e in j.ev.all:
+                if e["event"] in ("round_proposed", "host_removed", "worker_exited") and \
+                        start <= e["ts"] <= end:
+                    problems.append(f"{e['event']} at {e['ts']:.3f} while only the discovery "
+                                    f"script misbehaved ({start:.3f}-{end:.3f})")
         return problems
 
     def main(self):
         seed = self.args.seed if self.args.seed is not None else random.SystemRandom().randrange(
             1, 10**9)
-        print(f"soak: seed {seed} (replay: scripts/soak.sh --seed {seed} --minutes "
+        mode = (f"--workload {self.args.workload} --hosts {self.args.hosts}"
+                + (" --overlap" if self.args.overlap else ""))
+        print(f"soak: seed {seed} (replay: scripts/soak.sh {mode} --seed {seed} --minutes "
               f"{self.args.minutes:g}); {self.args.epochs} epochs a job", flush=True)
+        try:
+            self.hosts.up()
+        except (RuntimeError, OSError) as e:
+            self.hosts.down()
+            print(f"soak: cannot make the namespace hosts ({e}); --hosts netns needs root, "
+                  f"iproute2 and nftables", flush=True)
+            return 1
+        try:
+            return self.soak(seed)
+        finally:
+            self.hosts.down()
+            shutil.rmtree(getattr(self, "baseline_dir", "/nonexistent"), ignore_errors=True)
+
+    def soak(self, seed):
         want = self.baseline()
-        print(f"soak: fault-free model hash {want}", flush=True)
+        print(f"soak: fault-free model {want}", flush=True)
         deadline = time.monotonic() + self.args.minutes * 60
         keep = None
         j = 0
@@ -364,6 +733,8 @@ class Soak:
         total = sum(self.faults.values())
         print(f"soak: {self.jobs} job(s), {total} faults: "
               + ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())), flush=True)
+        print("soak: longest stall after a fault, by kind: "
+              + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(self.stalls.items())), flush=True)
         if self.violations:
             print(f"soak: FAILED with seed {seed}; {len(self.violations)} violation(s):")
             for v in self.violations:
@@ -382,15 +753,40 @@ def parse():
     p.add_argument("--job", type=int, default=None,
                    help="run only this job of the seed (its number after the seed), again and "
                         "again")
-    p.add_argument("--epochs", type=int, default=30, help="epochs of each job")
+    p.add_argument("--workload", choices=["cpp", "python"], default="cpp",
+                   help="cpp: examples/logistic_regression; python: examples/train_digits.py "
+                        "(PyTorch, DataLoader workers)")
+    p.add_argument("--hosts", choices=["local", "netns"], default="local",
+                   help="local: two names of this machine; netns: three network namespaces "
+                        "on a bridge, with host, link and packet faults (root)")
+    p.add_argument("--overlap", action="store_true",
+                   help="faults do not wait for the previous recovery (one holder of the "
+                        "state is always left); adds kill-many, stop-cont, spare-kill/stop")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="epochs of each job (default: 30 for cpp, 24 for python)")
     p.add_argument("--step-ms", type=int, default=5, help="extra time per training step")
-    p.add_argument("--stall", type=float, default=20.0,
-                   help="longest allowed pause in training, seconds")
-    p.add_argument("--job-timeout", type=float, default=600.0, help="seconds a job may take")
+    p.add_argument("--fault-gap", type=float, nargs=2, default=[0.2, 1.2],
+                   metavar=("MIN", "MAX"), help="seconds between two faults (uniform)")
+    p.add_argument("--job-timeout", type=float, default=300.0,
+                   help="seconds a job may take (then its stacks go to stacks.txt)")
     p.add_argument("--build-dir", default=os.environ.get("ELASTIC_BUILD_DIR",
                                                          str(ROOT / "build")))
-    return p.parse_args()
+    args = p.parse_args()
+    if args.epochs is None:
+        args.epochs = 24 if args.workload == "python" else 30
+    if args.epochs < 4:
+        p.error("--epochs must be at least 4 (faults stop three epochs before the end)")
+    return args
+
+
+def stop_on_sigterm():
+    """SIGTERM (a timeout, CI) ends the soak through its cleanup: the namespace hosts and the
+    running job go, as at a normal end."""
+    def handler(signum, frame):
+        raise SystemExit(f"soak: stopped by signal {signum}")
+    signal.signal(signal.SIGTERM, handler)
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     sys.exit(Soak(parse()).main())
