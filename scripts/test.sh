@@ -6,7 +6,9 @@
 #   BUILD_DIR=/tmp/b scripts/test.sh
 #   ELASTIC_ASAN=1 scripts/test.sh   # everything under AddressSanitizer (build-asan/)
 #   ELASTIC_SKIP_ASAN=1 scripts/test.sh  # skip the AddressSanitizer pass of the rendezvous tests
-#   ELASTIC_SKIP_SOAK=1 scripts/test.sh  # skip the 2-minute chaos soak (ELASTIC_SOAK_MINUTES=N)
+#   ELASTIC_SKIP_SOAK=1 scripts/test.sh  # skip the chaos soaks (1.5 min per mode: ELASTIC_SOAK_MINUTES=N)
+#   ELASTIC_SKIP_FUZZ=1 scripts/test.sh  # skip the fuzzers (20 s per target: ELASTIC_FUZZ_SECONDS=N)
+#   CI=true scripts/test.sh              # a test that would skip (no root, netns, sshd, Slurm) fails
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -43,11 +45,23 @@ if [ -d tests/python ] && ls tests/python/test_*.py >/dev/null 2>&1; then
   echo "== pytest"
   ELASTIC_BUILD_DIR="$BUILD_DIR" /usr/bin/python3 -m pytest -q -rs tests/python
 fi
-# The chaos soak (issue 7): random kills, additions, removals, discovery failures and leaves,
-# for two minutes with a fresh seed (printed; a failure names it for replay).
+# The chaos soak, a short run of each mode with a fresh seed (printed; a failure names it for
+# replay): the C++ example under kills, stops, additions, removals, discovery failures and
+# leaves; PyTorch workers with DataLoader processes under overlapping faults; three network
+# namespace hosts under host kills, link flaps, packet loss, bandwidth caps and partitions.
 if [ "${ELASTIC_SKIP_SOAK:-0}" != "1" ]; then
-  echo "== chaos soak (${ELASTIC_SOAK_MINUTES:-2} min)"
-  BUILD_DIR="$BUILD_DIR" bash scripts/soak.sh --minutes "${ELASTIC_SOAK_MINUTES:-2}"
+  SOAK_MINUTES=${ELASTIC_SOAK_MINUTES:-1.5}
+  for mode in "" "--workload python --overlap" "--hosts netns --overlap"; do
+    echo "== chaos soak (${SOAK_MINUTES} min) ${mode:---workload cpp --hosts local}"
+    # shellcheck disable=SC2086
+    BUILD_DIR="$BUILD_DIR" bash scripts/soak.sh --minutes "$SOAK_MINUTES" $mode
+  done
+fi
+# libFuzzer: every parser of outside input, ELASTIC_FUZZ_SECONDS (20) each (scripts/fuzz.sh).
+if [ "${ELASTIC_SKIP_FUZZ:-0}" != "1" ] && [ "${ELASTIC_ASAN:-0}" != "1" ]; then
+  echo "== fuzz"
+  ELASTIC_FUZZ_SECONDS=${ELASTIC_FUZZ_SECONDS:-20} FUZZ_DIR=${BUILD_DIR%/}-fuzz JOBS="$JOBS" \
+    bash scripts/fuzz.sh
 fi
 # The gRPC service, its core and client once more under AddressSanitizer (and LeakSanitizer):
 # every waiting call ends, nothing leaks.
