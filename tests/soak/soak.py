@@ -188,6 +188,18 @@ class JobRun:
                 state[e["slot"]] = False
         return [s for s, spare in state.items() if spare and self.alive(s)]
 
+    def in_round(self):
+        """Slots of the newest formed round whose process is the one that joined it."""
+        formed_at, formed, started_at = None, None, {}
+        for i, e in enumerate(self.ev.all):
+            if e["event"] == "round_formed":
+                formed_at, formed = i, e
+            elif e["event"] == "worker_started":
+                started_at[e["slot"]] = i
+        if formed is None:
+            return set()
+        return {s for s in formed["members"] if started_at.get(s, -1) < formed_at}
+
     def holders(self, exclude=()):
         """Members of the newest formed round that committed in it and that no fault touched:
         each holds the newest commit (ranks commit in lockstep)."""
@@ -392,15 +404,20 @@ class Soak:
         rng = j.rng
         members = [s for s in formed["members"] if j.alive(s) and j.pid_of(s) not in j.hit]
         holders = j.holders()
+        # Processes that are in the formed round (not a newcomer started since it formed): a
+        # newcomer stopped before it joins is found only by the rendezvous timeout, a stall
+        # of another kind than a member's stop.
+        in_round = j.in_round()
 
         def safe(targets):
             # Some holder of the newest commit must be left untouched.
             return bool(j.holders(exclude=set(targets)))
 
         if action in ("kill", "stop"):
-            if not members:
+            pool = members if action == "kill" else [m for m in members if m in in_round]
+            if not pool:
                 return None
-            target = rng.choice(members)
+            target = rng.choice(pool)
             if not safe([target]):
                 return None
             sig = signal.SIGKILL if action == "kill" else signal.SIGSTOP
@@ -417,9 +434,10 @@ class Soak:
                 self.signal(j, t, signal.SIGKILL)
             return fault
         if action == "stop-cont":
-            if not members:
+            pool = [m for m in members if m in in_round]
+            if not pool:
                 return None
-            target = rng.choice(members)
+            target = rng.choice(pool)
             if not safe([target]):
                 return None
             # Before the liveness timeout (nothing may change), or after it (lost, replaced).
