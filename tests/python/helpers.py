@@ -114,3 +114,28 @@ def wait_no_marker(marker, timeout=30):
             return []
         time.sleep(0.1)
     return procs_with_marker(marker)
+
+
+def token_on_a_command_line(token):
+    """Pids whose command line holds `token` (any process of this machine; `ps` shows command
+    lines to every user, so a secret must never be on one)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if token in f.read():
+                    out.append(int(entry))
+        except OSError:
+            continue
+    return out
+
+
+def job_token_of(pid):
+    """The job token in a worker's environment (read from /proc, as any local root could)."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+    token = env[b"ELASTIC_JOB_TOKEN"]
+    assert len(token) >= 32, token
+    return token

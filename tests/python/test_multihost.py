@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from helpers import Job, run
+from helpers import Job, job_token_of, run, token_on_a_command_line
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2")
@@ -210,21 +210,6 @@ def test_an_ssh_host_that_fails_leaves_an_elastic_job_on_the_others(
     assert "[0]<stdout>:collectives ok rank 0 of 1" in out, out
 
 
-def token_on_a_command_line(token):
-    """Pids whose command line holds the job token (any process of this machine)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if token in f.read():
-                    out.append(int(entry))
-        except OSError:
-            continue
-    return out
-
-
 def test_the_token_is_on_no_command_line_with_ssh_a_spare_and_a_relaunch(
         elastic_run, test_worker, sshd_hosts):
     # The ssh launcher passes the token on stdin to the remote script; so does every later
@@ -235,10 +220,7 @@ def test_the_token_is_on_no_command_line_with_ssh_a_spare_and_a_relaunch(
                "--ssh-port", "2222", "--ssh-identity-file", key, test_worker, "sleep"])
     try:
         pids = [int(m.group(1)) for m in job.wait_for(r"sleeping pid (\d+)", count=3)]
-        with open(f"/proc/{pids[0]}/environ", "rb") as f:
-            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-        token = env[b"ELASTIC_JOB_TOKEN"]
-        assert len(token) >= 32
+        token = job_token_of(pids[0])
         assert token_on_a_command_line(token) == []
         os.kill(pids[1], signal.SIGKILL)  # its slot is started again
         job.wait_for(r"sleeping pid (\d+)", count=4)

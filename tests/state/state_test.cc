@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "rendezvous/rendezvous.h"
+#include "tests/state/input_communicator.h"
 #include "worker_agent/gloo_communicator.h"
 
 namespace elastic {
@@ -133,32 +134,10 @@ namespace {
 
 // The receiving side of a sync whose root announces `announced` bytes of state and then is
 // gone (found by tests/fuzz/fuzz_state_sync: the size was taken as it came and allocated).
-class AnnouncingRoot : public Communicator {
- public:
-  explicit AnnouncingRoot(uint64_t announced) : announced_(announced) {}
-  int rank() const override { return 1; }
-  int size() const override { return 2; }
-  int local_rank() const override { return 1; }
-  int local_size() const override { return 2; }
-  int cross_rank() const override { return 0; }
-  int cross_size() const override { return 1; }
-  void Allreduce(void*, size_t, DataType, ReduceOp) override {}
-  void AllreduceMany(const std::vector<TensorView>&, ReduceOp) override {}
-  void Broadcast(void* data, size_t bytes, int) override {
-    if (calls_++ == 0 && bytes == sizeof announced_) {
-      std::memcpy(data, &announced_, sizeof announced_);
-      return;
-    }
-    throw WorkerLostError("the root is gone");
-  }
-  std::vector<std::vector<char>> Allgather(const void*, size_t) override { return {}; }
-  void Barrier() override {}
-  void Abort() override {}
-
- private:
-  uint64_t announced_;
-  int calls_ = 0;
-};
+testing::InputCommunicator AnnouncingRoot(uint64_t announced) {
+  return testing::InputCommunicator(
+      std::string(reinterpret_cast<const char*>(&announced), sizeof announced));
+}
 
 TEST_CASE("A sync whose root announces a huge state fails without allocating it", "[unit]") {
   for (uint64_t announced : {uint64_t{1} << 62, (uint64_t{1} << 40) + 1, uint64_t{3} << 30}) {
@@ -166,7 +145,7 @@ TEST_CASE("A sync whose root announces a huge state fails without allocating it"
     ObjectState state;
     int64_t step = 5;
     state.Register("step", &step);
-    AnnouncingRoot comm(announced);
+    testing::InputCommunicator comm = AnnouncingRoot(announced);
     // A runtime_error (the limit, or the root gone before it sent that much); never
     // std::length_error or std::bad_alloc from allocating what was announced.
     CHECK_THROWS_AS(state.Sync(comm, 0), std::runtime_error);
