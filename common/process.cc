@@ -99,6 +99,16 @@ void KillAdopted() {
   }
 }
 
+// Closes every descriptor from `first` on, in a forked child: async-signal-safe calls only.
+void CloseDescriptorsFrom(int first) {
+#ifdef SYS_close_range
+  if (syscall(SYS_close_range, first, ~0U, 0) == 0) return;
+#endif
+  long max = sysconf(_SC_OPEN_MAX);
+  if (max < 0 || max > 65536) max = 65536;
+  for (int fd = first; fd < max; ++fd) close(fd);
+}
+
 }  // namespace
 
 int RemoveShmSegmentsOf(pid_t pid) {
@@ -215,6 +225,10 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
       // The reaper leads the group the driver signals; the program runs in a group of its
       // own below it, so SIGKILL never takes the reaper before it has cleaned up. SIGTERM to
       // the reaper kills the program's group.
+      // The reaper never execs, so O_CLOEXEC never closes what it inherited: every other
+      // descriptor of this process, workers' kept stdin pipes among them, would stay open
+      // for its life (a remote worker would see its launcher's stdin close only after it).
+      CloseDescriptorsFrom(3);
       prctl(PR_SET_CHILD_SUBREAPER, 1);
       struct sigaction sa;
       memset(&sa, 0, sizeof sa);

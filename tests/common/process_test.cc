@@ -118,3 +118,44 @@ TEST_CASE("EnvFlag: one on/off convention, and 0 never turns a thing on", "[unit
 
 }  // namespace
 }  // namespace elastic
+
+namespace elastic {
+namespace {
+
+// The descriptors a process holds, as numbers (from /proc/PID/fd).
+std::vector<int> DescriptorsOf(pid_t pid) {
+  std::vector<int> out;
+  DIR* d = opendir(("/proc/" + std::to_string(pid) + "/fd").c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] != '.') out.push_back(std::atoi(e->d_name));
+  }
+  closedir(d);
+  return out;
+}
+
+TEST_CASE("The orphan reaper holds none of this process's other descriptors", "[unit]") {
+  // A kept stdin of another child: the reaper (which never execs) must not keep it open.
+  LaunchSpec kept;
+  kept.argv = {"/bin/sh", "-c", "read -r a; while read -r _; do :; done; exit 5"};
+  kept.stdin_data = "tok\n";
+  kept.keep_stdin_open = true;
+  auto first = Process::Start(kept);
+  REQUIRE(first.ok());
+  LaunchSpec reaped;
+  reaped.argv = {"sleep", "30"};
+  reaped.reap_orphans = true;
+  auto second = Process::Start(reaped);
+  REQUIRE(second.ok());
+  // The reaper is the started pid; wait (bounded) until it has forked the program.
+  pid_t reaper = (*second)->pid();
+  for (int i = 0; i < 300 && DescriptorsOf(reaper).size() > 3; ++i) usleep(10 * 1000);
+  for (int fd : DescriptorsOf(reaper)) CHECK(fd <= 2);
+  (*first)->CloseStdin();
+  CHECK(WaitExit(**first, std::chrono::seconds(30)) == 5);
+  (*second)->SignalGroup(SIGTERM);  // the reaper kills the program's group, then exits
+  CHECK(WaitExit(**second, std::chrono::seconds(30)) != -1);
+}
+
+}  // namespace
+}  // namespace elastic
