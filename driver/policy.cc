@@ -62,6 +62,10 @@ TimePoint Policy::NextDeadline() const {
     if (w.running) next = std::min(next, w.lost_at);
   }
   if (!shutting_down_) next = std::min(next, hosts_.NextCooldownEnd());
+  if (!shutting_down_ && finishing_) {
+    TimePoint t = finishing_at_ + HangTimeout();
+    if (t > Now()) next = std::min(next, t);
+  }
   // Hang checks: when the round's progress runs out, and when a member would count as silent
   // (future times only: one that passed was checked already).
   if (!shutting_down_ && !finishing_ && started_ && round_ == formed_) {
@@ -384,6 +388,17 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
     Log(Action::kInfo, fmt::format("worker {} (slot {}) left the job: {}", rank, slot, how));
     return;
   }
+  if (w.exit_hung) {
+    if (!w.finished) {
+      ++failures_;
+      Terminate(1, fmt::format("worker {} (slot {}, host {}) neither finished training nor "
+                               "exited after its peers finished; it was killed ({})",
+                               rank, slot, w.host, how));
+      return;
+    }
+    CheckFinished();
+    return;
+  }
   if (w.dropped) {  // the driver gave up on it already (failed, hung, lost, no join)
     Log(Action::kInfo, fmt::format("worker {} (slot {}) is gone: {}", rank, slot, how));
     // Its slot is free again: a job waiting for slots (the hung worker was killed after the
@@ -432,6 +447,7 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
     if (!finishing_) {
       Log(Action::kInfo, fmt::format("worker {} finished; the job is finishing", rank));
       finisher_ = slot;
+      finishing_at_ = Now();
     }
     finishing_ = true;
     CheckFinished();
@@ -971,6 +987,31 @@ void Policy::CheckHang() {
   }
 }
 
+void Policy::CheckExitHang() {
+  if (shutting_down_ || !finishing_ || Now() < finishing_at_ + HangTimeout()) return;
+  for (const auto& slot : members_) {
+    auto it = workers_.find(slot);
+    if (it == workers_.end() || !it->second.running || it->second.exit_hung) continue;
+    Worker& w = it->second;
+    w.exit_hung = true;
+    std::string why = fmt::format(
+        "did not exit {:.0f} s after worker {} finished (--hang-timeout {:.0f} s){}",
+        Secs(Now() - finishing_at_), Label(finisher_), Secs(HangTimeout()),
+        w.finished ? "; it had finished training: a hang in its teardown" : "");
+    Event("worker_hung", {{"slot", w.slot},
+                          {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()},
+                          {"host", w.host},
+                          {"pid", w.pid},
+                          {"step", w.step},
+                          {"reason", why}});
+    Log(Action::kWarn, fmt::format("worker {} (slot {}, host {}, pid {}) {}; dumping its stacks "
+                                   "into its log and killing it",
+                                   Label(w.slot), w.slot, w.host, w.pid, why));
+    DumpStacks(w);
+    SignalSlot(w.slot, SIGKILL);
+  }
+}
+
 void Policy::DeclareHung(Worker& w, const std::string& why) {
   if (!w.running || w.dropped) return;
   std::string what = fmt::format("worker {} (slot {}, host {}, pid {}, last step {}) {}",
@@ -1133,6 +1174,7 @@ void Policy::OnTimer() {
     }
   }
   CheckHang();
+  CheckExitHang();
 }
 
 }  // namespace elastic::driver

@@ -155,7 +155,12 @@ class Policy {
     // with this message (-1: none since it started).
     int64_t failed_round = -1;
     std::string failure;
+    bool exit_hung = false;  // killed for not exiting after its peers finished
   };
+  // The job is finishing and members still run a hang timeout after the first finished: each
+  // is named, its stacks dumped, and it is killed. One that had reported FINISHED trained to
+  // the end (a hang in teardown: the job still succeeds); one that had not fails the job.
+  void CheckExitHang();
   // When every member of the formed round has reported a failure of its own there (the same
   // error in user code on every rank), the job ends with exit 1 and the first one's message
   // instead of waiting for hosts: relaunching would fail the same way. Not when the user gave
@@ -237,6 +242,7 @@ class Policy {
   Duration longest_interval_{0};    // between two commits of a worker, per step
   bool finishing_ = false;
   std::string finisher_;  // the first member that finished
+  TimePoint finishing_at_{};  // when it did: the others must exit within the hang timeout
   bool shutting_down_ = false;
   int exit_code_ = 0;
   std::string final_message_;

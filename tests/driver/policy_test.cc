@@ -994,5 +994,41 @@ TEST_CASE("policy: with --max-failures or --reset-limit, every member failing is
   }
 }
 
+
+TEST_CASE("policy: a member that does not exit after its peers finished is named and killed",
+          "[unit]") {
+  for (bool reported_finished : {true, false}) {
+    INFO(reported_finished);
+    DriverOptions d = Static({{"h", 2}}, 2, 2);
+    d.hang_timeout = seconds(10);
+    Job job(d);
+    job.StartFormed({{"h", 2}}, {"h:0", "h:1"});
+    job.Take();
+    if (reported_finished) {
+      rendezvous::Report r;
+      r.slot = "h:1";
+      r.kind = rendezvous::ReportKind::kFinished;
+      r.round = 0;
+      r.step = 40;
+      job.policy->OnReport(r);
+    }
+    job.policy->OnExit("h:0", 0, "exit status 0");
+    job.Take();
+    CHECK(job.policy->NextDeadline() <= job.clock.Now() + seconds(10));
+    job.Advance(seconds(9));
+    CHECK(Slots(job.Take(), Action::kSignal, SIGKILL).empty());
+    job.Advance(seconds(2));
+    auto a = job.Take();
+    CHECK(Slots(a, Action::kDumpStacks) == std::vector<std::string>{"h:1"});
+    CHECK(Slots(a, Action::kSignal, SIGKILL) == std::vector<std::string>{"h:1"});
+    auto hung = Events(a, "worker_hung");
+    REQUIRE(hung.size() == 1);
+    job.policy->OnExit("h:1", 137, "signal 9 (Killed)");
+    job.Take();
+    REQUIRE(job.policy->shutting_down());
+    CHECK(job.policy->exit_code() == (reported_finished ? 0 : 1));
+  }
+}
+
 }  // namespace
 }  // namespace elastic::driver

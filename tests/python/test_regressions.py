@@ -194,3 +194,44 @@ def test_a_worker_killed_before_its_segment_is_mapped_leaves_nothing_in_dev_shm(
     assert "signal 9" in out or "exit status 137" in out, out
     assert not wait_no_marker(marker, timeout=30)
     assert dead_segments(before) == [], out
+
+
+def test_a_worker_that_hangs_after_training_is_killed_and_the_job_ends(elastic_run, tmp_path):
+    # Found by the namespace soak: a member that never exits after its peers finished (a hang
+    # in teardown: a stuck DataLoader worker, a CUDA deinit) kept the job running for good.
+    script = tmp_path / "hang_at_exit.py"
+    script.write_text("""
+import time
+import numpy as np
+import elastic
+
+state = elastic.ObjectState(step=0)
+
+
+@elastic.run
+def train(state):
+    while state.step < 20:
+        elastic.allreduce(np.ones(4))
+        state.step += 1
+        state.commit()
+
+
+train(state)
+if elastic.rank() == 1:
+    print("hanging after training", flush=True)
+    time.sleep(3600)
+""")
+    log = str(tmp_path / "events.jsonl")
+    marker, env = marked_env()
+    job = Job([elastic_run, "-np", "2", "--hang-timeout", "3", "--event-log", log, PY,
+               str(script)], env=env)
+    try:
+        rc = job.wait(timeout=120)
+    finally:
+        job.kill()
+    out = job.text()
+    assert rc == 0, out
+    hung = [e for e in events(log) if e["event"] == "worker_hung"]
+    assert len(hung) == 1 and "did not exit" in hung[0]["reason"], hung
+    assert "a hang in its teardown" in hung[0]["reason"], hung
+    assert not wait_no_marker(marker, timeout=30)
