@@ -87,6 +87,7 @@ void TestHook(const char* point, int64_t version) {
     pause();
   }
   if (action == "lost") throw WorkerLostError(std::string("test hook at ") + point);
+  if (action == "stop") kill(getpid(), SIGSTOP);  // a hung worker, until a SIGCONT or SIGKILL
 }
 
 }  // namespace elastic

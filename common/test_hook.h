@@ -5,8 +5,8 @@
 //   ELASTIC_TEST_HOOKS="POINT@SLOT@ROUND@VERSION=ACTION[;...]"
 //
 // POINT is one of the names passed to TestHook below; SLOT, ROUND and VERSION select where it
-// fires ("*" matches anything); ACTION is `kill` (SIGKILL this process) or `lost` (throw
-// WorkerLostError, as a collective that lost a peer would). Each entry fires at most once per
+// fires ("*" matches anything); ACTION is `kill` (SIGKILL this process), `lost` (throw
+// WorkerLostError, as a collective that lost a peer would) or `stop` (SIGSTOP this process). Each entry fires at most once per
 // process.
 #pragma once
 

@@ -246,6 +246,18 @@ void Agent::OnEvent(const rendezvous::Event& e) {
       while (e.round > prev && !changing_round_.compare_exchange_weak(prev, e.round)) {
       }
       spdlog::debug("driver: round {} is changing ({})", e.round, e.message);
+      // A round that changes while this worker still connects it is left at once: its peers
+      // may never connect (one cut off, gone, or removed), and no step was taken in it. Its
+      // members are fenced alike, so they leave it too (those already connected at their
+      // first collective, as after an abort).
+      std::lock_guard<std::mutex> g(comm_mu_);
+      if (connecting_round_ >= 0 && connecting_round_ <= e.round && comm_ &&
+          comm_round_ == connecting_round_) {
+        spdlog::info("driver: round {} changes while this worker connects it ({}); leaving it",
+                     e.round, e.message);
+        client_->CancelGets(connecting_round_);
+        comm_->Abort();
+      }
       break;
     }
     case EventKind::kAbort:
@@ -315,11 +327,19 @@ StatusOr<bool> Agent::JoinNextRound(int64_t version) {
     std::lock_guard<std::mutex> g(comm_mu_);
     comm_ = std::move(made).value();
     comm_round_ = assignment_.round;
-    if (aborted_round_.load() >= assignment_.round) comm_->Abort();
+    connecting_round_ = assignment_.round;
+    if (aborted_round_.load() >= assignment_.round ||
+        changing_round_.load() >= assignment_.round) {
+      comm_->Abort();
+    }
   }
   round_store_ = worker_agent::MakeRpcRoundStore(client_.get(), assignment_.round);
   Status connected = comm->Connect(round_store_.get());
   last_rebuild_ = SteadyClock::now() - rebuild_start;
+  {
+    std::lock_guard<std::mutex> g(comm_mu_);
+    connecting_round_ = -1;
+  }
   if (!connected.ok()) {
     std::lock_guard<std::mutex> g(comm_mu_);
     comm_.reset();

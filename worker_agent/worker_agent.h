@@ -133,6 +133,9 @@ class Agent {
   // when replaced (the training thread reads it without the lock).
   std::unique_ptr<worker_agent::GlooCommunicator> comm_;
   int64_t comm_round_ = -1;  // the round comm_ belongs to; guarded by comm_mu_
+  // The round whose communicator is connecting now (-1: none); guarded by comm_mu_. A fence of
+  // that round ends the connect: no step was taken in it, so nothing is lost by leaving it.
+  int64_t connecting_round_ = -1;
   Backend backend_ = Backend::kGloo;
   bool spare_ = false;  // ELASTIC_SPARE=1: a warm spare, joining without a deadline
   std::shared_ptr<worker_agent::NcclApi> nccl_api_;  // when backend_ is kNccl

@@ -235,3 +235,35 @@ if elastic.rank() == 1:
     assert len(hung) == 1 and "did not exit" in hung[0]["reason"], hung
     assert "a hang in its teardown" in hung[0]["reason"], hung
     assert not wait_no_marker(marker, timeout=30)
+
+
+def test_a_round_that_changes_while_its_members_connect_is_left_at_once(elastic_run, build_dir,
+                                                                       tmp_path):
+    # Found by the namespace soak (30 s without a step): a round formed with a member cut off
+    # from the others; the driver removed that member and fenced the round, but a fence waits
+    # for a commit, and the others were still connecting to it. Here the member stops itself
+    # while it connects round 0 and its slot is removed: round 1 must form while it is still
+    # stopped (before the liveness timeout finds it), not after its process is gone.
+    from test_elastic import Discovery, events, wait_event
+    example = str(build_dir / "examples" / "logistic_regression")
+    disc = Discovery(tmp_path, "localhost:3")
+    log = str(tmp_path / "events.jsonl")
+    marker, env = marked_env({"ELASTIC_TEST_HOOKS": "connect@localhost:2@0@*=stop",
+                              # Pairs connect when the round forms, even on one host.
+                              "ELASTIC_SHM_COLLECTIVES": "0", "ELASTIC_GLOO_LAZY_PAIRS": "0"})
+    job = Job([elastic_run, "--min-np", "2", "--max-np", "3", "--host-discovery-script",
+               str(disc.script), "--discovery-interval", "0.2", "--liveness-timeout", "60",
+               "--event-log", log, example, "--epochs", "3"], env=env)
+    try:
+        job.wait_for(r"test hook connect fired: stop", timeout=60)
+        disc.set("localhost:2")
+        formed = wait_event(log, lambda e: e["event"] == "round_formed" and e["round"] >= 1,
+                            timeout=40)
+        assert formed is not None, job.text()
+        exited = [e for e in events(log)
+                  if e["event"] == "worker_exited" and e["slot"] == "localhost:2"]
+        assert not exited, (exited, job.text())  # still stopped: nobody waited for it
+        assert job.wait(timeout=120) == 0, job.text()
+    finally:
+        job.kill()
+    assert not wait_no_marker(marker, timeout=30)
