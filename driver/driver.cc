@@ -285,7 +285,8 @@ std::string RunStackDump(pid_t pid, int signal, const std::atomic<bool>& stop) {
     drain(d.stdout_fd());
     drain(d.stderr_fd());
   }
-  if (!d.reaped()) {
+  const bool killed = !d.reaped();
+  if (killed) {
     d.SignalGroup(SIGKILL);
     pollfd exit_fd{d.pidfd(), POLLIN, 0};
     while (!d.TryReap(&code)) poll(&exit_fd, 1, 100);
@@ -294,10 +295,9 @@ std::string RunStackDump(pid_t pid, int signal, const std::atomic<bool>& stop) {
   drain(d.stderr_fd());
   if (!out.empty() && out.back() != '\n') out += '\n';
   text += out;
-  if (stop) {
-    say("the stack dump was stopped: the job is ending");
-  } else if (code != 0 && SteadyClock::now() >= deadline) {
-    say("the stack dump took over 15 s and was stopped");
+  if (killed) {
+    say(stop ? "the stack dump was stopped: the job is ending"
+             : "the stack dump took over 15 s and was stopped");
   }
   return text;
 }

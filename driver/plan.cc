@@ -38,7 +38,11 @@ std::vector<std::string> PlanMembers(const PlanInput& in) {
     return std::make_pair(pos, s.index);
   };
   auto by_key = [&](const std::string& a, const std::string& b) { return key(a) < key(b); };
-  std::sort(survivors.begin(), survivors.end(), by_key);
+  // Holders of the newest commit first: the cap must not leave out the state's only copy.
+  std::sort(survivors.begin(), survivors.end(), [&](const std::string& a, const std::string& b) {
+    bool ha = in.holders.count(a) > 0, hb = in.holders.count(b) > 0;
+    return ha != hb ? ha : key(a) < key(b);
+  });
   std::sort(spares.begin(), spares.end(), by_key);
   std::sort(fresh.begin(), fresh.end(), by_key);
   size_t cap = in.max_np > 0 ? in.max_np : SIZE_MAX;

@@ -22,6 +22,10 @@ struct PlanInput {
   // Alive slots that stay although their host is no longer listed: the only holders of the
   // newest committed state, until it has been handed to the others (see Policy).
   std::set<std::string> keep;
+  // Alive slots whose worker holds the newest committed version: when the cap leaves out
+  // survivors, these are the last to go (a holder left out may exit before a later round
+  // could keep it, and take the state with it).
+  std::set<std::string> holders;
   size_t max_np = 0;                            // 0: no cap
   // Slots kept free of members for warm spares (--spares), unless fewer than `need` members
   // (-np) could run otherwise.
@@ -32,8 +36,9 @@ struct PlanInput {
 // The members of the next round, in rank order. Survivors keep their place on hosts that are
 // still listed (blacklisting only stops new launches), and kept slots (`keep`) stay before all
 // others; free slots of available hosts fill up
-// to max_np (and to all slots but `reserve`, while at least `need` remain), survivors first,
-// then warm spares (they take the place of a new process), then free slots. Ranks go host by host in first-seen order, slots in order. Who
+// to max_np (and to all slots but `reserve`, while at least `need` remain), survivors first
+// (holders of the newest commit before the others), then warm spares (they take the place of
+// a new process), then free slots. Ranks go host by host in first-seen order, slots in order. Who
 // becomes rank 0 is decided when the round forms, from the versions the members say they
 // hold (rendezvous::Core), not here.
 std::vector<std::string> PlanMembers(const PlanInput& in);

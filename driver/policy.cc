@@ -113,6 +113,14 @@ PlanInput Policy::MakePlanInput(std::vector<discovery::HostSlots> available) con
   }
   in.reserve = d_.spares > 0 ? static_cast<size_t>(d_.spares) : 0;
   in.need = static_cast<size_t>(d_.np);  // spares use only slots beyond -np
+  // What the workers say they hold (their commit reports), not what the driver assumes.
+  int64_t newest = 0;
+  for (const auto& slot : in.alive) newest = std::max(newest, workers_.at(slot).version);
+  if (newest > 0) {
+    for (const auto& slot : in.alive) {
+      if (workers_.at(slot).version == newest) in.holders.insert(slot);
+    }
+  }
   return in;
 }
 

@@ -29,6 +29,26 @@ TEST_CASE("plan: survivors win the cap, ranks in host order", "[unit]") {
   CHECK(plan[1] == "old:1");
 }
 
+TEST_CASE("plan: when the cap leaves out survivors, the holders of the newest commit stay",
+          "[unit]") {
+  // Found by the PyTorch soak: a host shrank, the spares' reserve capped the members, and the
+  // survivor left out (the last in host order) was the only holder of the newest commit.
+  PlanInput in;
+  in.listed = in.available = {{"a", 3}, {"b", 2}};
+  in.host_order = {"a", "b"};
+  in.alive = {"a:1", "a:2", "b:0"};
+  in.holders = {"b:0"};
+  in.max_np = 2;
+  CHECK(PlanMembers(in) == std::vector<std::string>{"a:1", "b:0"});
+  in.max_np = 0;
+  in.reserve = 2;  // --spares 2: 5 slots, 3 for members
+  in.need = 2;
+  in.alive = {"a:0", "a:1", "a:2", "b:0"};
+  CHECK(PlanMembers(in) == std::vector<std::string>{"a:0", "a:1", "b:0"});
+  in.holders.clear();  // no holder known: host order, as before
+  CHECK(PlanMembers(in) == std::vector<std::string>{"a:0", "a:1", "a:2"});
+}
+
 TEST_CASE("plan: blacklisted hosts keep their survivors but get no new workers", "[unit]") {
   PlanInput in;
   in.listed = {{"a", 3}, {"b", 1}};
