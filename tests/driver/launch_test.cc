@@ -144,7 +144,7 @@ TEST_CASE("A template is expanded once: what is substituted is never expanded ag
   CHECK(CheckTemplate("ssh {host}").code() == Code::kInvalidArgument);
 }
 
-TEST_CASE("--driver-address: IPv4 addresses and host names; anything else is named", "[unit]") {
+TEST_CASE("The driver address check takes IPv4 addresses and host names, and names anything else", "[unit]") {
   for (const char* good : {"127.0.0.1", "10.1.2.3", "head-node", "node_1.cluster.local",
                            "a", "x1"}) {
     INFO(good);

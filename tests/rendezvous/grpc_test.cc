@@ -296,7 +296,7 @@ TEST_CASE("grpc: CancelGets ends a waiting Get of an aborted round and refuses l
 namespace elastic::rendezvous {
 namespace {
 
-TEST_CASE("ELASTIC_GRPC_BDP_PROBE=0 leaves the probe off; =1 turns it on", "[unit]") {
+TEST_CASE("ELASTIC_GRPC_BDP_PROBE=0 leaves the probe off, =1 turns it on", "[unit]") {
   const char* name = "ELASTIC_GRPC_BDP_PROBE";
   std::string saved = Env(name);
   bool was_set = std::getenv(name) != nullptr;
