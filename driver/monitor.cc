@@ -313,14 +313,17 @@ int RunStatusCommand(const std::string& job_file, bool as_json) {
     path = live[0];
   }
   std::ifstream f(path);
+  const bool opened = f.is_open();
   std::string text;
-  if (f) {
-    // Bounded: a job file is a line; a wrong path must not read gigabytes.
+  if (opened) {
+    // Bounded: a job file is a line; a wrong path must not read gigabytes. A short file ends
+    // the read with eof (and failbit): what came is in gcount().
     text.resize(kMaxJobFileBytes + 1);
     f.read(text.data(), static_cast<std::streamsize>(text.size()));
     text.resize(static_cast<size_t>(f.gcount()));
   }
-  auto job = f ? ParseJobFile(text) : StatusOr<JobFile>(InvalidArgument("cannot read it"));
+  auto job = opened && !f.bad() ? ParseJobFile(text)
+                                : StatusOr<JobFile>(InvalidArgument("cannot read it"));
   if (!job.ok()) {
     std::fprintf(stderr, "elastic-run status: %s is not a job file (%s)\n", path.c_str(),
                  job.status().message().c_str());

@@ -79,3 +79,17 @@ def test_a_port_in_use_exits_2(elastic_run, test_worker):
                       timeout=60)
     assert rc == 2, out
     assert f"--port {port}" in out, out
+
+
+@pytest.mark.parametrize("content,says", [
+    ("not json", "not a JSON object"),
+    ('{"token": "abc"}', "no address"),
+    ('{"address": "127.0.0.1:1"}', "no token"),
+    ("x" * (70 << 10), "over 65536 bytes"),
+])
+def test_status_refuses_a_file_that_is_not_a_job_file(elastic_run, tmp_path, content, says):
+    path = tmp_path / "job.json"
+    path.write_text(content)
+    rc, out = run([elastic_run, "status", "--job-file", str(path)], timeout=30)
+    assert rc == 2, out
+    assert "is not a job file" in out and says in out, out
