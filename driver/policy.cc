@@ -995,6 +995,15 @@ void Policy::CheckHang() {
   }
 }
 
+void Policy::HungEvent(const Worker& w, const std::string& why) {
+  Event("worker_hung", {{"slot", w.slot},
+                        {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()},
+                        {"host", w.host},
+                        {"pid", w.pid},
+                        {"step", w.step},
+                        {"reason", why}});
+}
+
 void Policy::CheckExitHang() {
   if (shutting_down_ || !finishing_ || Now() < finishing_at_ + HangTimeout()) return;
   for (const auto& slot : members_) {
@@ -1006,12 +1015,7 @@ void Policy::CheckExitHang() {
         "did not exit {:.0f} s after worker {} finished (--hang-timeout {:.0f} s){}",
         Secs(Now() - finishing_at_), Label(finisher_), Secs(HangTimeout()),
         w.finished ? "; it had finished training: a hang in its teardown" : "");
-    Event("worker_hung", {{"slot", w.slot},
-                          {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()},
-                          {"host", w.host},
-                          {"pid", w.pid},
-                          {"step", w.step},
-                          {"reason", why}});
+    HungEvent(w, why);
     Log(Action::kWarn, fmt::format("worker {} (slot {}, host {}, pid {}) {}; dumping its stacks "
                                    "into its log and killing it",
                                    Label(w.slot), w.slot, w.host, w.pid, why));
@@ -1024,12 +1028,7 @@ void Policy::DeclareHung(Worker& w, const std::string& why) {
   if (!w.running || w.dropped) return;
   std::string what = fmt::format("worker {} (slot {}, host {}, pid {}, last step {}) {}",
                                  Label(w.slot), w.slot, w.host, w.pid, w.step, why);
-  Event("worker_hung", {{"slot", w.slot},
-                        {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()},
-                        {"host", w.host},
-                        {"pid", w.pid},
-                        {"step", w.step},
-                        {"reason", why}});
+  HungEvent(w, why);
   Log(Action::kWarn, what + "; dumping its stacks into its log and killing it");
   w.lost_at = TimePoint::max();
   // Its peers are aborted and the next round proposed first: they recover (the rendezvous

@@ -161,6 +161,8 @@ class Policy {
   // is named, its stacks dumped, and it is killed. One that had reported FINISHED trained to
   // the end (a hang in teardown: the job still succeeds); one that had not fails the job.
   void CheckExitHang();
+  // The worker_hung event for `w`, with `why`.
+  void HungEvent(const Worker& w, const std::string& why);
   // When every member of the formed round has reported a failure of its own there (the same
   // error in user code on every rank), the job ends with exit 1 and the first one's message
   // instead of waiting for hosts: relaunching would fail the same way. Not when the user gave
