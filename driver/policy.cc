@@ -368,14 +368,29 @@ void Policy::OnLaunchFailed(const std::string& slot, const Status& why) {
   if (!d_.elastic) Terminate(why.code() == Code::kNotFound ? 127 : 1, why.message());
 }
 
+std::vector<std::string> Policy::FinishingMembers() const {
+  // A round proposed but not formed when the members finished never trained: its newcomers
+  // (a new worker, a promoted spare) wait in their join and are stopped with the job.
+  if (!started_ || round_ == formed_) return members_;
+  std::vector<std::string> out;
+  for (const auto& slot : members_) {
+    if (std::find(formed_members_.begin(), formed_members_.end(), slot) !=
+        formed_members_.end()) {
+      out.push_back(slot);
+    }
+  }
+  return out;
+}
+
 void Policy::CheckFinished() {
   if (shutting_down_ || !finishing_) return;
-  for (const auto& slot : members_) {
+  std::vector<std::string> finishing = FinishingMembers();
+  for (const auto& slot : finishing) {
     auto it = workers_.find(slot);
     if (it != workers_.end() && it->second.running) return;
   }
-  std::string which = started_ && formed_ == round_ ? " of round " + std::to_string(round_) : "";
-  Terminate(0, "success: all " + std::to_string(members_.size()) + " workers" + which +
+  std::string which = started_ ? " of round " + std::to_string(formed_) : "";
+  Terminate(0, "success: all " + std::to_string(finishing.size()) + " workers" + which +
                    " finished");
 }
 
@@ -1006,7 +1021,7 @@ void Policy::HungEvent(const Worker& w, const std::string& why) {
 
 void Policy::CheckExitHang() {
   if (shutting_down_ || !finishing_ || Now() < finishing_at_ + HangTimeout()) return;
-  for (const auto& slot : members_) {
+  for (const auto& slot : FinishingMembers()) {
     auto it = workers_.find(slot);
     if (it == workers_.end() || !it->second.running || it->second.exit_hung) continue;
     Worker& w = it->second;

@@ -161,6 +161,8 @@ class Policy {
   // is named, its stacks dumped, and it is killed. One that had reported FINISHED trained to
   // the end (a hang in teardown: the job still succeeds); one that had not fails the job.
   void CheckExitHang();
+  // The members whose exits finish the job: those of the formed round that are still members.
+  std::vector<std::string> FinishingMembers() const;
   // The worker_hung event for `w`, with `why`.
   void HungEvent(const Worker& w, const std::string& why);
   // When every member of the formed round has reported a failure of its own there (the same

@@ -1030,5 +1030,28 @@ TEST_CASE("policy: a member that does not exit after its peers finished is named
   }
 }
 
+TEST_CASE("policy: a job whose members finish while a round with a newcomer is pending succeeds",
+          "[unit]") {
+  // Soak seed 833434529 (PyTorch, overlapping faults): the round's members finished training
+  // while the next round, with a newcomer, was proposed; the newcomer waited in its join, so
+  // the job counted it as a member that neither finished nor exited and ended with exit 1.
+  DriverOptions d = Discovered(3);
+  d.hang_timeout = seconds(10);
+  Job job(d);
+  job.StartFormed({{"a", 2}}, {"a:0", "a:1"});
+  job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 2}, {"b", 1}}, {});
+  auto a = job.Take();
+  REQUIRE(Of(a, Action::kProposeRound).size() == 1);
+  job.policy->OnExit("a:0", 0, "exit status 0");
+  job.policy->OnExit("a:1", 0, "exit status 0");
+  a = job.Take();
+  REQUIRE(job.policy->shutting_down());
+  CHECK(job.policy->exit_code() == 0);
+  CHECK(job.policy->final_message() == "success: all 2 workers of round 0 finished");
+  // The newcomer is stopped, not killed as hung.
+  CHECK(Slots(a, Action::kSignal, SIGTERM) == std::vector<std::string>{"b:0"});
+  CHECK(Events(a, "worker_hung").empty());
+}
+
 }  // namespace
 }  // namespace elastic::driver
