@@ -93,7 +93,9 @@ Status Driver::Start() {
   rendezvous::CoreOptions co;
   co.listener = this;
   co.rendezvous_timeout = opts_.rendezvous_timeout;
-  co.start_over_if_state_lost = opts_.start_over_if_state_lost;
+  // With checkpoints, a round in which nobody holds a commit forms: its rank 0 loads the newest
+  // checkpoint, and the policy ends the job only when there is none (Policy::OnReport).
+  co.start_over_if_state_lost = opts_.start_over_if_state_lost || !opts_.checkpoint_dir.empty();
   core_ = std::make_unique<rendezvous::Core>(co);
   // The first host set: static, or the first discovery run (whose failure is fatal).
   std::vector<HostSlots> initial = opts_.hosts;
@@ -189,6 +191,12 @@ void Driver::Launch(Worker& w, bool spare) {
                                             {"ELASTIC_SHM_ALLREDUCE", opts_.shm_allreduce ? "1" : "0"},
                                             {"PYTHONUNBUFFERED", "1"}};
   if (spare) env["ELASTIC_SPARE"] = "1";
+  if (!opts_.checkpoint_dir.empty()) {
+    env["ELASTIC_CHECKPOINT_DIR"] = opts_.checkpoint_dir;
+    env["ELASTIC_CHECKPOINT_INTERVAL"] =
+        fmt::format("{}", std::chrono::duration<double>(opts_.checkpoint_interval).count());
+    env["ELASTIC_CHECKPOINT_KEEP"] = std::to_string(opts_.checkpoint_keep);
+  }
   LaunchSpec spec;
   spec.env = env;
   if (w.local) {

@@ -39,6 +39,12 @@ struct DriverOptions {
   // job fails with exit 1 ("state lost"), unless this is set: then training starts over from
   // the program's initial state.
   bool start_over_if_state_lost = false;
+  // Durable checkpoints (--checkpoint-dir): rank 0 writes the committed state there every
+  // `checkpoint_interval`, keeping the `checkpoint_keep` newest; a round in which nobody holds
+  // a commit (a new job, or every holder gone) starts from the newest valid one. "": off.
+  std::string checkpoint_dir;
+  Duration checkpoint_interval = std::chrono::seconds(60);
+  int checkpoint_keep = 2;
 
   int port = 0;
   std::string driver_address;  // host workers dial; default: 127.0.0.1 for local jobs

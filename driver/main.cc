@@ -5,6 +5,8 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -15,6 +17,7 @@
 #include "driver/driver.h"
 #include "driver/launch.h"
 #include "driver/monitor.h"
+#include "state/checkpoint.h"
 
 namespace {
 
@@ -160,6 +163,19 @@ int main(int argc, char** argv) {
   app.add_flag("--start-over-if-state-lost", o.start_over_if_state_lost,
                "When every worker holding a commit is gone, train again from the initial state "
                "instead of failing the job (exit 1)");
+  double checkpoint_interval = 60;
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "Write durable checkpoints of the committed state here (rank 0, off the "
+                 "training thread) and start from the newest valid one when no worker holds a "
+                 "commit: a restarted job, or every holder lost. One job per folder (a lock); "
+                 "on several hosts, a folder every host mounts. Layout: docs/checkpoints.md");
+  app.add_option("--checkpoint-interval", checkpoint_interval,
+                 "Seconds between two checkpoints (60); one due while the last is still being "
+                 "written is skipped")
+      ->check(CLI::Range(0.001, 1e7));
+  app.add_option("--checkpoint-keep", o.checkpoint_keep,
+                 "How many of the newest checkpoints to keep (2)")
+      ->check(CLI::Range(1, 1000));
   app.add_option("--port", o.port, "Port of the rendezvous server (0: any free port)")
       ->check(CLI::Range(0, 65535));
   app.add_option("--driver-address", o.driver_address,
@@ -348,6 +364,23 @@ int main(int argc, char** argv) {
   o.liveness_timeout = secs(liveness_timeout);
   o.hang_timeout = secs(hang_timeout);
   o.progress_interval = secs(progress_interval);
+  o.checkpoint_interval = secs(checkpoint_interval);
+  if ((app.count("--checkpoint-interval") || app.count("--checkpoint-keep")) &&
+      o.checkpoint_dir.empty()) {
+    return fail("--checkpoint-interval and --checkpoint-keep need --checkpoint-dir");
+  }
+  if (app.count("--checkpoint-dir")) {
+    if (o.checkpoint_dir.empty()) return fail("--checkpoint-dir: no folder given");
+    // Held until this process ends: a second job on the folder is refused.
+    auto lock = elastic::LockCheckpointDir(o.checkpoint_dir);
+    if (!lock.ok()) return fail("--checkpoint-dir: " + lock.status().message());
+    char real[PATH_MAX];
+    if (realpath(o.checkpoint_dir.c_str(), real) == nullptr) {
+      return fail("--checkpoint-dir " + o.checkpoint_dir + ": " + strerror(errno));
+    }
+    o.checkpoint_dir = real;  // workers elsewhere (another cwd, another host) get the full path
+    elastic::RemoveUnfinishedCheckpoints(o.checkpoint_dir);
+  }
   // A local command that does not exist is caught here, before anything starts.
   bool any_local = o.hosts.empty();
   for (const auto& h : o.hosts) {

@@ -148,6 +148,19 @@ std::string Monitor::StatusJson() const {
                     {"done", r.done}});
   }
   j["recoveries"] = recs;
+  if (view_.checkpoints) {
+    j["checkpoint"] = {{"version", known(view_.checkpoint_version)},
+                       {"step", known(view_.checkpoint_step)},
+                       {"path", view_.checkpoint_path.empty() ? json(nullptr)
+                                                               : json(view_.checkpoint_path)},
+                       {"seconds", view_.checkpoint_version >= 0 ? json(view_.checkpoint_seconds)
+                                                                 : json(nullptr)},
+                       {"failures", view_.checkpoint_failures},
+                       {"error", view_.checkpoint_error.empty() ? json(nullptr)
+                                                                : json(view_.checkpoint_error)}};
+  } else {
+    j["checkpoint"] = nullptr;
+  }
   return j.dump();
 }
 
@@ -177,6 +190,15 @@ std::string Monitor::Prometheus() const {
   gauge("elastic_committed_samples", "Samples the newest commit has consumed.",
         static_cast<double>(std::max<int64_t>(samples, 0)));
   gauge("elastic_steps_per_second", "Commits per second of the fastest member.", rate);
+  if (view_.checkpoints) {
+    gauge("elastic_checkpoint_version", "The version of the newest checkpoint written (-1: none).",
+          static_cast<double>(view_.checkpoint_version));
+    gauge("elastic_checkpoint_seconds", "How long the newest checkpoint took to write.",
+          view_.checkpoint_seconds);
+    o << "# HELP elastic_checkpoint_failures_total Checkpoint writes that failed.\n"
+         "# TYPE elastic_checkpoint_failures_total counter\n"
+         "elastic_checkpoint_failures_total " << view_.checkpoint_failures << "\n";
+  }
   // Counters: one HELP/TYPE per family.
   const std::map<std::string, const char*> help = {
       {"elastic_rounds_total", "Rounds formed."},
@@ -371,6 +393,23 @@ int RunStatusCommand(const std::string& job_file, bool as_json) {
       std::printf("  %-24s pid %s\n", sp["slot"].get<std::string>().c_str(),
                   Int(sp["pid"]).c_str());
     }
+  }
+  if (s.contains("checkpoint") && s["checkpoint"].is_object()) {
+    const json& c = s["checkpoint"];
+    if (c["version"].is_null()) {
+      std::printf("\ncheckpoint: none written yet");
+    } else {
+      std::printf("\ncheckpoint: version %s (step %s) in %s, written in %s s",
+                  Int(c["version"]).c_str(), Int(c["step"]).c_str(),
+                  c["path"].is_string() ? c["path"].get<std::string>().c_str() : "-",
+                  Fixed(c["seconds"], 3).c_str());
+    }
+    if (c["failures"].get<int64_t>() > 0) {
+      std::printf("; %s failed write(s)%s%s", Int(c["failures"]).c_str(),
+                  c["error"].is_string() ? ", failing now: " : "",
+                  c["error"].is_string() ? c["error"].get<std::string>().c_str() : "");
+    }
+    std::printf("\n");
   }
   if (!s["blacklisted"].empty()) {
     std::printf("\nblacklisted hosts:\n");

@@ -606,6 +606,11 @@ void Policy::OnReport(const rendezvous::Report& r) {
     case rendezvous::ReportKind::kLeaving:
       HandleLeaving(w, r.message);
       break;
+    case rendezvous::ReportKind::kCheckpointed:
+    case rendezvous::ReportKind::kCheckpointFailed:
+    case rendezvous::ReportKind::kRestored:
+      OnCheckpointReport(w, r);
+      break;
     case rendezvous::ReportKind::kCommitted:
       if (w.step >= 0 && r.step > w.step && w.commit_at > formed_at_ && r.round == formed_) {
         longest_interval_ = std::max(longest_interval_, (Now() - w.commit_at) / (r.step - w.step));
@@ -662,6 +667,84 @@ void Policy::OnReport(const rendezvous::Report& r) {
   }
 }
 
+void Policy::OnCheckpointReport(const Worker& w, const rendezvous::Report& r) {
+  auto known = [](int64_t v) { return v >= 0 ? JsonValue(v) : JsonValue(); };
+  if (r.kind == rendezvous::ReportKind::kCheckpointed) {
+    if (r.version <= checkpoint_version_) return;  // an older rank 0's, late
+    checkpoint_version_ = r.version;
+    checkpoint_step_ = r.step;
+    checkpoint_seconds_ = r.seconds;
+    checkpoint_path_ = r.message;
+    if (!checkpoint_error_.empty()) {
+      Log(Action::kInfo, "checkpoints are written again");
+      checkpoint_error_.clear();
+    }
+    Log(Action::kDebug, fmt::format("checkpoint of version {} written to {} in {:.3f} s",
+                                    r.version, r.message, r.seconds));
+    Event("checkpoint_written", {{"slot", r.slot},
+                                 {"version", r.version},
+                                 {"step", r.step},
+                                 {"epoch", known(r.epoch)},
+                                 {"path", r.message},
+                                 {"seconds", r.seconds}});
+    return;
+  }
+  if (r.kind == rendezvous::ReportKind::kCheckpointFailed) {
+    ++checkpoint_failures_;
+    Event("checkpoint_failed", {{"slot", r.slot}, {"version", r.version}, {"message", r.message}});
+    // Said once per cause (the text after the last ": ", e.g. "No space left on device"; the
+    // paths before it differ from version to version), not every interval.
+    auto cause = [](const std::string& m) {
+      size_t colon = m.rfind(": ");
+      return colon == std::string::npos ? m : m.substr(colon + 2);
+    };
+    bool said = !checkpoint_error_.empty() && cause(checkpoint_error_) == cause(r.message);
+    checkpoint_error_ = r.message;
+    if (!said) {
+      Log(Action::kWarn, fmt::format("checkpoint of version {} failed on slot {} ({}): {}; "
+                                     "training goes on",
+                                     r.version, r.slot, w.host, r.message));
+    }
+    return;
+  }
+  // kRestored: rank 0 of a round without a commit looked for a checkpoint.
+  bool lost = restore_round_ == r.round;
+  if (r.version > 0) {
+    int64_t steps_lost = lost ? std::max<int64_t>(0, lost_committed_ - r.version) : 0;
+    Log(lost ? Action::kWarn : Action::kInfo,
+        fmt::format("{} checkpoint version {} (step {}{}) from {}{}",
+                    lost ? "state restored from" : "resuming from", r.version, r.step,
+                    r.epoch >= 0 ? ", epoch " + std::to_string(r.epoch) : "", r.message,
+                    lost ? fmt::format("; {} committed step(s) since it are lost", steps_lost)
+                         : ""));
+    Event("state_restored", {{"round", r.round},
+                             {"slot", r.slot},
+                             {"version", r.version},
+                             {"step", r.step},
+                             {"epoch", known(r.epoch)},
+                             {"cursor", known(r.cursor)},
+                             {"path", r.message},
+                             {"state_lost", lost},
+                             {"steps_lost", steps_lost}});
+    if (lost) restore_round_ = -1;
+    return;
+  }
+  if (!lost) {
+    Log(Action::kInfo, fmt::format("{}; starting from the initial state", r.message));
+    return;
+  }
+  restore_round_ = -1;
+  if (d_.start_over_if_state_lost) {
+    Log(Action::kWarn, fmt::format("{}; starting over from the initial state "
+                                   "(--start-over-if-state-lost)", r.message));
+    return;
+  }
+  Terminate(1, "state lost: commits up to version " + std::to_string(lost_committed_) +
+                   " were made, but no worker of round " + std::to_string(r.round) +
+                   " holds any (every holder is gone), and " + r.message +
+                   "; pass --start-over-if-state-lost to train again from the start");
+}
+
 void Policy::OnRoundFormed(const rendezvous::FormedRound& f) {
   if (f.round != round_) return;
   formed_ = f.round;
@@ -680,7 +763,19 @@ void Policy::OnRoundFormed(const rendezvous::FormedRound& f) {
   for (size_t i = 0; i < f.members.size(); ++i) {
     if (f.versions[i] != f.version) behind.push_back(f.members[i]);
   }
-  if (f.state_lost) {
+  if (f.state_lost && !d_.checkpoint_dir.empty()) {
+    restore_round_ = f.round;
+    lost_committed_ = f.newest_committed;
+    Log(Action::kWarn,
+        fmt::format("state lost: no worker of round {} holds a commit (the newest was version "
+                    "{}); rank 0 restores the newest checkpoint from {}",
+                    f.round, f.newest_committed, d_.checkpoint_dir));
+    Event("state_lost", {{"round", f.round},
+                         {"newest_committed", f.newest_committed},
+                         {"members", f.members},
+                         {"start_over", false},
+                         {"from_checkpoint", true}});
+  } else if (f.state_lost) {
     Log(Action::kWarn,
         fmt::format("state lost: no worker of round {} holds a commit (the newest was version "
                     "{}); starting over from the initial state (--start-over-if-state-lost)",
@@ -1077,6 +1172,13 @@ JobView Policy::View() const {
   v.resets = resets_;
   v.failures = failures_;
   if (recovery_start_ != TimePoint{}) v.since_recovery = Secs(now - recovery_start_);
+  v.checkpoints = !d_.checkpoint_dir.empty();
+  v.checkpoint_version = checkpoint_version_;
+  v.checkpoint_step = checkpoint_step_;
+  v.checkpoint_seconds = checkpoint_seconds_;
+  v.checkpoint_path = checkpoint_path_;
+  v.checkpoint_error = checkpoint_error_;
+  v.checkpoint_failures = checkpoint_failures_;
   v.phase = shutting_down_ ? "stopping"
             : finishing_   ? "finishing"
             : wait_until_ != TimePoint::max() ? "waiting"

@@ -79,6 +79,13 @@ struct JobView {
   std::vector<std::pair<std::string, int64_t>> spares;      // warm spares: slot, pid (--spares)
   int resets = 0, failures = 0;
   double since_recovery = -1;  // seconds since the last recovery began; -1: none
+  // --checkpoint-dir: the newest checkpoint written (version -1: none yet), how long its write
+  // took, failed writes, and the last failure's message ("" once one succeeds again).
+  bool checkpoints = false;
+  int64_t checkpoint_version = -1, checkpoint_step = -1;
+  double checkpoint_seconds = 0;
+  std::string checkpoint_path, checkpoint_error;
+  int64_t checkpoint_failures = 0;
 };
 
 class Policy {
@@ -257,6 +264,13 @@ class Policy {
   bool round_broken_ = false;
   bool first_commit_logged_ = true;
   bool started_ = false;  // some round formed
+  // A round formed without any commit after commits were made (state lost), with
+  // --checkpoint-dir: its rank 0 restores a checkpoint; what was committed before.
+  int64_t restore_round_ = -1, lost_committed_ = 0;
+  int64_t checkpoint_version_ = -1, checkpoint_step_ = -1, checkpoint_failures_ = 0;
+  double checkpoint_seconds_ = 0;
+  std::string checkpoint_path_, checkpoint_error_;
+  void OnCheckpointReport(const Worker& w, const rendezvous::Report& r);
   std::vector<discovery::HostSlots> last_listed_;
   std::vector<std::string> last_listed_order_;
 };

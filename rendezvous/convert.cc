@@ -57,11 +57,12 @@ void ToProto(const Report& r, v1::ReportRequest* out) {
   out->set_stack_signal(r.stack_signal);
   out->set_epoch_size(r.epoch_size);
   out->set_since_collective(r.since_collective);
+  out->set_seconds(r.seconds);
 }
 
 bool FromProto(const v1::ReportRequest& r, Report* out) {
   int kind = static_cast<int>(r.kind());
-  if (kind < 1 || kind > 5) return false;
+  if (kind < 1 || kind > 8) return false;
   out->slot = r.slot();
   out->kind = static_cast<ReportKind>(kind);
   out->round = r.round();
@@ -78,6 +79,7 @@ bool FromProto(const v1::ReportRequest& r, Report* out) {
   out->stack_signal = r.stack_signal();
   out->epoch_size = r.epoch_size();
   out->since_collective = r.since_collective();
+  out->seconds = r.seconds();
   return true;
 }
 

@@ -59,7 +59,16 @@ struct Event {
   std::string message;
 };
 
-enum class ReportKind { kCommitted = 1, kLeaving = 2, kFailed = 3, kFinished = 4, kHeartbeat = 5 };
+enum class ReportKind {
+  kCommitted = 1,
+  kLeaving = 2,
+  kFailed = 3,
+  kFinished = 4,
+  kHeartbeat = 5,
+  kCheckpointed = 6,
+  kCheckpointFailed = 7,
+  kRestored = 8,
+};
 
 struct Report {
   std::string slot;
@@ -78,6 +87,7 @@ struct Report {
   int stack_signal = 0;        // what makes the worker print its stacks (0: none)
   int64_t epoch_size = -1;     // kCommitted: samples in an epoch; -1 when unknown
   double since_collective = -1;  // every kind: seconds since it last started a collective
+  double seconds = 0;            // kCheckpointed: how long the write took
 };
 
 // Ranks, local and cross ranks (by host, in rank order) for `members` in rank order; every

@@ -25,16 +25,35 @@ void ObjectState::OnTopology(int rank, int size) {
   for (auto* s : samplers_) s->SetRank(rank, size);
 }
 
+Status State::LoadCheckpoint(const CheckpointInfo& info) {
+  Status s = LoadCheckpointFiles(info);
+  if (!s.ok()) return s;
+  version_ = info.version;
+  return Status::Ok();
+}
+
+StatusOr<CheckpointInfo> RestoreNewestCheckpoint(State& state, const std::string& dir,
+                                                 std::vector<std::string>* skipped) {
+  for (const auto& info : ListCheckpoints(dir, skipped)) {
+    Status s = state.LoadCheckpoint(info);
+    if (s.ok()) return info;
+    if (skipped) skipped->push_back(s.message());
+    state.Restore();  // nothing half loaded stays
+
+  }
+  return NotFound(dir + " holds no valid checkpoint");
+}
+
 void ObjectState::Register(const std::string& name, Serializer serializer) {
   Entry e;
   e.serializer = std::move(serializer);
-  e.committed = e.serializer.save();
+  e.committed = std::make_shared<const std::string>(e.serializer.save());
   entries_[name] = std::move(e);
 }
 
 void ObjectState::Track(const std::string& name, void* data, size_t bytes) {
-  Tracked t{data, bytes, std::vector<char>(bytes)};
-  std::memcpy(t.committed.data(), data, bytes);
+  Tracked t{data, bytes, std::make_shared<std::vector<char>>(bytes), nullptr};
+  if (bytes > 0) std::memcpy(t.committed->data(), data, bytes);
   tracked_[name] = std::move(t);
 }
 
@@ -45,16 +64,79 @@ void ObjectState::AddSampler(const std::string& name, ElasticSampler* sampler) {
 }
 
 void ObjectState::Save() {
-  for (auto& [name, e] : entries_) e.committed = e.serializer.save();
-  for (auto& [name, t] : tracked_) std::memcpy(t.committed.data(), t.data, t.bytes);
+  for (auto& [name, e] : entries_) e.committed = std::make_shared<const std::string>(e.serializer.save());
+  for (auto& [name, t] : tracked_) {
+    if (t.committed.use_count() > 1) {
+      // A checkpoint still writes the committed copy: this commit goes to the other buffer.
+      std::swap(t.committed, t.spare);
+      if (!t.committed || t.committed.use_count() > 1) {
+        t.committed = std::make_shared<std::vector<char>>(t.bytes);
+      }
+    }
+    if (t.bytes > 0) std::memcpy(t.committed->data(), t.data, t.bytes);
+  }
 }
 
 void ObjectState::Restore() {
   for (auto& [name, e] : entries_) {
-    Status s = e.serializer.load(e.committed);
+    Status s = e.serializer.load(*e.committed);
     if (!s.ok()) throw std::runtime_error("restoring '" + name + "': " + s.ToString());
   }
-  for (auto& [name, t] : tracked_) std::memcpy(t.data, t.committed.data(), t.bytes);
+  for (auto& [name, t] : tracked_) {
+    if (t.bytes > 0) std::memcpy(t.data, t.committed->data(), t.bytes);
+  }
+}
+
+std::vector<CheckpointFile> ObjectState::CheckpointFiles() {
+  std::vector<CheckpointFile> out;
+  for (auto& [name, e] : entries_) {
+    out.push_back({name, "value", e.committed, e.committed->data(), e.committed->size()});
+  }
+  for (auto& [name, t] : tracked_) {
+    out.push_back({name, "tracked", t.committed, t.committed->data(), t.committed->size()});
+  }
+  return out;
+}
+
+Status ObjectState::LoadCheckpointFiles(const CheckpointInfo& info) {
+  // Every value of this state must be in the checkpoint, and nothing else: a checkpoint of
+  // another program (or of another version of it) is refused, not half loaded.
+  size_t expected = entries_.size() + tracked_.size();
+  for (const auto& f : info.files) {
+    bool known = f.kind == "value" ? entries_.count(f.name) > 0
+                                   : f.kind == "tracked" && tracked_.count(f.name) > 0;
+    if (!known) {
+      return InvalidArgument(info.path + " holds " + f.kind + " '" + f.name +
+                             "', which this program's state does not have");
+    }
+  }
+  if (info.files.size() != expected) {
+    return InvalidArgument(info.path + " holds " + std::to_string(info.files.size()) +
+                           " values; this program's state has " + std::to_string(expected));
+  }
+  // Read (and check) everything before changing anything.
+  std::map<std::string, std::string> values, tracked;
+  for (const auto& f : info.files) {
+    std::string bytes;
+    Status s = ReadCheckpointFile(info, f, &bytes);
+    if (!s.ok()) return s;
+    if (f.kind == "tracked" && bytes.size() != tracked_.at(f.name).bytes) {
+      return InvalidArgument(info.path + ": tracked buffer '" + f.name + "' has " +
+                             std::to_string(bytes.size()) + " bytes, this program's has " +
+                             std::to_string(tracked_.at(f.name).bytes));
+    }
+    (f.kind == "value" ? values : tracked)[f.name] = std::move(bytes);
+  }
+  for (auto& [name, bytes] : values) {
+    Status s = entries_.at(name).serializer.load(bytes);
+    if (!s.ok()) return InvalidArgument(info.path + ": loading '" + name + "': " + s.message());
+  }
+  for (auto& [name, bytes] : tracked) {
+    Tracked& t = tracked_.at(name);
+    if (t.bytes > 0) std::memcpy(t.data, bytes.data(), t.bytes);
+  }
+  Save();
+  return Status::Ok();
 }
 
 namespace {

@@ -18,6 +18,7 @@
 
 #include "common/communicator.h"
 #include "common/status.h"
+#include "state/checkpoint.h"
 
 namespace elastic {
 
@@ -102,14 +103,31 @@ class State {
   // the OnReset callbacks. Run calls it after every join.
   void Reset(int rank, int size);
 
+  // Checkpoints (state/checkpoint.h). The committed state as files, sharing the snapshot the
+  // last commit made: the files stay that version while later commits are made (they go to
+  // other buffers). Empty: this state is not checkpointed. Called on the training thread.
+  virtual std::vector<CheckpointFile> CheckpointFiles() { return {}; }
+  // Loads a checkpoint's files into the values and commits them as the checkpoint's version.
+  Status LoadCheckpoint(const CheckpointInfo& info);
+
  protected:
   virtual void OnTopology(int /*rank*/, int /*size*/) {}
+  // Loads the files of `info` into the values (ReadCheckpointFile checks each), then Save().
+  virtual Status LoadCheckpointFiles(const CheckpointInfo& /*info*/) {
+    return FailedPrecondition("this state does not load checkpoints");
+  }
   int64_t version_ = 0;
 
  private:
   std::function<void()> commit_hook_;
   std::vector<std::function<void()>> reset_callbacks_;
 };
+
+// Loads the newest checkpoint under `dir` that reads and checks whole into `state` (as its
+// version); each one skipped (incomplete, corrupt, another program's) is said in `skipped`.
+// NotFound when none loads.
+StatusOr<CheckpointInfo> RestoreNewestCheckpoint(State& state, const std::string& dir,
+                                                 std::vector<std::string>* skipped);
 
 struct Serializer {
   std::function<std::string()> save;
@@ -135,6 +153,10 @@ class ObjectState : public State {
   void Restore() override;
   void Sync(Communicator& comm, int root) override;
   Progress progress() const override;
+  // One file per registered value (its serialised bytes) and per tracked buffer (raw). The
+  // first checkpoint allocates a second buffer per tracked buffer: a commit made while a
+  // checkpoint holds the committed copy writes into the other one.
+  std::vector<CheckpointFile> CheckpointFiles() override;
 
  private:
   template <typename T>
@@ -170,14 +192,16 @@ class ObjectState : public State {
 
   struct Entry {
     Serializer serializer;
-    std::string committed;
+    std::shared_ptr<const std::string> committed;  // shared with a checkpoint being written
   };
   struct Tracked {
     void* data;
     size_t bytes;
-    std::vector<char> committed;
+    std::shared_ptr<std::vector<char>> committed;  // shared with a checkpoint being written
+    std::shared_ptr<std::vector<char>> spare;      // the other buffer, once one was needed
   };
   void OnTopology(int rank, int size) override;
+  Status LoadCheckpointFiles(const CheckpointInfo& info) override;
   std::map<std::string, Entry> entries_;
   std::map<std::string, Tracked> tracked_;
   std::vector<ElasticSampler*> samplers_;

@@ -543,6 +543,21 @@ void Agent::ReportFailed(const std::string& message) {
   SendReport(std::move(r));
 }
 
+void Agent::ReportCheckpoint(rendezvous::ReportKind kind, const Progress& p,
+                             const std::string& message, double seconds) {
+  rendezvous::Report r;
+  r.kind = kind;
+  r.step = p.step;
+  r.version = p.step;
+  r.epoch = p.epoch;
+  r.cursor = p.cursor;
+  r.samples = p.samples;
+  r.epoch_size = p.epoch_size;
+  r.message = message;
+  r.seconds = seconds;
+  SendReport(std::move(r));
+}
+
 namespace {
 std::unique_ptr<Agent>& ProcessAgent() {
   static std::unique_ptr<Agent>* agent = new std::unique_ptr<Agent>();  // never destroyed

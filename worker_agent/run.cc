@@ -3,6 +3,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <mutex>
+
+#include "state/checkpoint.h"
 
 #include "worker_agent/worker_agent.h"
 
@@ -15,6 +19,102 @@ namespace {
   std::exit(0);
 }
 
+// Checkpoints of the committed state (--checkpoint-dir): rank 0 writes one, off the training
+// thread, at the first commit after each interval; rank 0 of a round in which nobody holds a
+// commit (a new job, or every holder gone) loads the newest valid one before the sync that
+// gives it to the others.
+class Checkpoints {
+ public:
+  Checkpoints(Agent& agent, Checkpointer::Options options)
+      : agent_(agent),
+        writer_(std::move(options), [this](const Status& s, const CheckpointInfo& info, double secs) {
+          Written(s, info, secs);
+        }) {}
+
+  // After a commit.
+  void MaybeWrite(State& state) {
+    const rendezvous::Assignment& a = agent_.assignment();
+    if (a.rank != 0 || !writer_.Due()) return;
+    std::vector<CheckpointFile> files = state.CheckpointFiles();
+    if (files.empty()) {
+      if (!warned_unsupported_) {
+        warned_unsupported_ = true;
+        spdlog::warn("--checkpoint-dir is set, but this program's state writes no checkpoint "
+                     "files (an elastic::State subclass without CheckpointFiles())");
+      }
+      return;
+    }
+    Progress p = state.progress();
+    CheckpointInfo meta;
+    meta.version = state.version();
+    meta.step = p.step;
+    meta.epoch = p.epoch;
+    meta.cursor = p.cursor;
+    meta.samples = p.samples;
+    meta.world_size = a.size;
+    meta.time = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                    .count();
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      pending_ = p;
+    }
+    writer_.Submit(std::move(meta), std::move(files));
+  }
+
+  // Before the sync of a round whose rank 0 (this worker) holds no commit.
+  void Restore(State& state) {
+    std::vector<std::string> skipped;
+    auto restored = RestoreNewestCheckpoint(state, writer_.options().dir, &skipped);
+    for (const auto& why : skipped) spdlog::warn("checkpoint skipped: {}", why);
+    if (!restored.ok()) {
+      agent_.ReportCheckpoint(rendezvous::ReportKind::kRestored, Progress{},
+                              restored.status().message());
+      return;
+    }
+    spdlog::info("restored checkpoint version {} (step {}, epoch {}) from {}", restored->version,
+                 restored->step, restored->epoch, restored->path);
+    agent_.ReportCheckpoint(rendezvous::ReportKind::kRestored, state.progress(), restored->path);
+  }
+
+  // When training returned: the write in progress finishes (bounded) before the process ends.
+  void Finish() {
+    if (!writer_.Wait(std::chrono::seconds(60))) {
+      spdlog::warn("a checkpoint write is still running after 60 s; exiting without it");
+    }
+  }
+
+ private:
+  void Written(const Status& s, const CheckpointInfo& info, double secs) {
+    Progress p;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      p = pending_;
+    }
+    if (s.ok()) {
+      failing_ = "";
+      agent_.ReportCheckpoint(rendezvous::ReportKind::kCheckpointed, p, info.path, secs);
+      return;
+    }
+    // Said once per cause (the text after the last ": "; the paths before it change with the
+    // version), not every interval; training goes on.
+    size_t colon = s.message().rfind(": ");
+    std::string cause = colon == std::string::npos ? s.message() : s.message().substr(colon + 2);
+    if (cause != failing_) {
+      failing_ = cause;
+      spdlog::warn("checkpoint of version {} failed: {}; training goes on", info.version,
+                   s.message());
+    }
+    agent_.ReportCheckpoint(rendezvous::ReportKind::kCheckpointFailed, p, s.message(), secs);
+  }
+
+  Agent& agent_;
+  std::mutex mu_;
+  Progress pending_;     // guarded by mu_: what the write in progress holds
+  std::string failing_;  // the writer thread's only
+  bool warned_unsupported_ = false;
+  Checkpointer writer_;  // last: its thread stops before the members above go
+};
+
 }  // namespace
 
 void Run(State& state, const std::function<void(State&)>& train, AgentOptions options) {
@@ -24,13 +124,16 @@ void Run(State& state, const std::function<void(State&)>& train, AgentOptions op
   // driver's event log times recovery by it.
   int64_t reported_round = -1;
   Duration sync_time{0};
-  state.SetCommitHook([&agent, &state, &reported_round, &sync_time] {
+  std::unique_ptr<Checkpoints> checkpoints;
+  if (auto o = Checkpointer::FromEnv()) checkpoints = std::make_unique<Checkpoints>(agent, *o);
+  state.SetCommitHook([&agent, &state, &reported_round, &sync_time, &checkpoints] {
     if (reported_round != agent.assignment().round) {
       reported_round = agent.assignment().round;
       agent.ReportCommitted(state.progress(), agent.last_rebuild(), sync_time);
     } else {
       agent.NoteCommit(state.progress());
     }
+    if (checkpoints) checkpoints->MaybeWrite(state);
     agent.CheckHostUpdates();
   });
   state.Reset(agent.assignment().rank, agent.assignment().size);
@@ -39,10 +142,14 @@ void Run(State& state, const std::function<void(State&)>& train, AgentOptions op
       sync_time = Duration::zero();
       if (agent.assignment().sync_required) {
         TimePoint t0 = SteadyClock::now();
+        if (checkpoints && agent.assignment().rank == 0 && state.version() == 0) {
+          checkpoints->Restore(state);
+        }
         state.Sync(agent.comm(), 0);
         sync_time = SteadyClock::now() - t0;
       }
       train(state);
+      if (checkpoints) checkpoints->Finish();
       agent.ReportFinished(state.version());
       return;
     } catch (const WorkerLostError& e) {

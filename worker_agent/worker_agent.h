@@ -105,6 +105,11 @@ class Agent {
   // `version`: of the state the training function returned with (its last commit).
   void ReportFinished(int64_t version);
   void ReportFailed(const std::string& message);
+  // A checkpoint written, failed or restored (kind: kCheckpointed, kCheckpointFailed,
+  // kRestored): what it holds (`progress`, version 0 for none), its folder or the error.
+  // Blocks until sent; safe from any thread.
+  void ReportCheckpoint(rendezvous::ReportKind kind, const Progress& progress,
+                        const std::string& message, double seconds = 0);
 
  private:
   Agent(WorkerEnv env, AgentOptions options);

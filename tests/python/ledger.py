@@ -23,7 +23,21 @@ def final_hash(output):
     return m.group(4) if m else None
 
 
+# Runs of one job (the same command started again after the whole job was killed, resuming
+# from a checkpoint) count their rounds from 0 again: a later run's round supersedes any
+# earlier run's, so each run's rounds are numbered after the ones before it.
+RUN_ROUNDS = 1_000_000
+
+
 def read(prefix):
+    """The ledger lines of `prefix`, or of a list of prefixes: the runs of one job, in order.
+    A step a later run trained again (after resuming from a checkpoint older than the kill)
+    supersedes the earlier run's lines of it, as a newer round does within a run."""
+    if isinstance(prefix, (list, tuple)):
+        out = []
+        for run, p in enumerate(prefix):
+            out += [l._replace(round=run * RUN_ROUNDS + l.round) for l in read(p)]
+        return out
     lines = []
     for path in glob.glob(prefix + ".*"):
         with open(path) as f:
@@ -38,7 +52,8 @@ def read(prefix):
 
 
 def check(prefix, samples, epochs, max_rollback):
-    """Returns a list of violations (empty: the promise held).
+    """Returns a list of violations (empty: the promise held). `prefix`: one run's ledger, or
+    the list of a job's runs (see read()).
 
     * every (epoch, step) has, in its newest round, exactly one line from every rank of that
       round (a step re-run inside one round, or committed without some rank, is a violation);
