@@ -401,6 +401,19 @@ class State(_C.State):
         rank at the same commit) when the driver announced a membership change."""
         _C.State.commit(self)
 
+    def checkpoint_files(self):
+        """Optional, for --checkpoint-dir: the committed state (what the last save() made) as
+        ``{name: bytes}``, one file each in the checkpoint's folder (``value.<name>``). Called
+        on the training thread right after a commit, when a checkpoint is due; the files are
+        then written off it. None (the default): this state is not checkpointed."""
+        return None
+
+    def load_checkpoint(self, files):
+        """Optional, for --checkpoint-dir: set the values from ``{name: bytes}``, what
+        checkpoint_files() gave. The state is then committed (save()) as the checkpoint's
+        version. Raise to refuse a checkpoint (the one before it is tried)."""
+        raise NotImplementedError(f"{type(self).__name__} defines no load_checkpoint()")
+
     def progress(self):
         """Optional: ``(epoch, cursor, samples, epoch_size)`` of the training at the last
         commit (samples: consumed over all epochs), for the driver's status, progress lines and
@@ -439,6 +452,17 @@ class ObjectState(State):
 
     def restore(self):
         for k, v in pickle.loads(self._saved).items():
+            setattr(self, k, v)
+
+    def checkpoint_files(self):
+        return {"values": self._saved}
+
+    def load_checkpoint(self, files):
+        values = pickle.loads(files["values"])
+        if sorted(values) != sorted(self._names):
+            raise ValueError(f"the checkpoint holds {sorted(values)}, this state "
+                             f"{sorted(self._names)}")
+        for k, v in values.items():
             setattr(self, k, v)
 
     def sync(self, root_rank=0):

@@ -8,6 +8,7 @@ DistributedOptimizer, broadcast_parameters, broadcast_optimizer_state.
                                         named_parameters=model.named_parameters())
     state = et.TorchState(model=model, optimizer=optimizer, sampler=sampler, epoch=0)
 """
+import io
 import queue
 import struct
 import threading
@@ -92,6 +93,33 @@ class TorchState(elastic.ObjectState):
         if self.sampler is not None:
             self.sampler.load_state_dict(self._sampler_saved)
         elastic.ObjectState.restore(self)
+
+    def checkpoint_files(self):
+        """The committed model, optimizer and sampler state dicts, each a file that
+        ``torch.load`` reads (``value.model``, ``value.optimizer``, ``value.sampler``), and the
+        other values pickled (``value.values``)."""
+        files = elastic.ObjectState.checkpoint_files(self)
+        for name, saved in (("model", self._model_saved), ("optimizer", self._opt_saved),
+                            ("sampler", self._sampler_saved)):
+            if saved is not None:
+                buf = io.BytesIO()
+                torch.save(saved, buf)
+                files[name] = buf.getvalue()
+        return files
+
+    def load_checkpoint(self, files):
+        want = {"values"} | {n for n, v in (("model", self.model), ("optimizer", self.optimizer),
+                                            ("sampler", self.sampler)) if v is not None}
+        if set(files) != want:
+            raise ValueError(f"the checkpoint holds {sorted(files)}, this state {sorted(want)}")
+        load = lambda name: torch.load(io.BytesIO(files[name]), map_location="cpu")  # noqa: E731
+        elastic.ObjectState.load_checkpoint(self, files)
+        if self.model is not None:
+            self.model.load_state_dict(load("model"))
+        if self.optimizer is not None:
+            self._optimizer().load_state_dict(load("optimizer"))
+        if self.sampler is not None:
+            self.sampler.load_state_dict(load("sampler"))
 
     def sync(self, root_rank=0):
         if self.model is not None:

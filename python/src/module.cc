@@ -64,7 +64,63 @@ class PyState : public State {
       f(root);
     });
   }
+  // Checkpoints: the Python state's checkpoint_files() -> {name: bytes} of its committed
+  // state (None: not checkpointed), copied here (on the training thread) so that the write
+  // needs no GIL.
+  std::vector<CheckpointFile> CheckpointFiles() override {
+    py::gil_scoped_acquire gil;
+    std::vector<CheckpointFile> out;
+    try {
+      py::function f = py::get_override(static_cast<const State*>(this), "checkpoint_files");
+      if (!f) return out;
+      py::object r = f();
+      if (r.is_none()) return out;
+      for (auto item : r.cast<py::dict>()) {
+        auto name = item.first.cast<std::string>();
+        auto bytes = std::make_shared<const std::string>(item.second.cast<py::bytes>());
+        out.push_back({name, "value", bytes, bytes->data(), bytes->size()});
+      }
+    } catch (py::error_already_set& e) {
+      spdlog::warn("state.checkpoint_files() failed ({}: {}); no checkpoint this time",
+                   std::string(py::str(e.type().attr("__name__"))), std::string(py::str(e.value())));
+      out.clear();
+    } catch (const std::exception& e) {
+      spdlog::warn("state.checkpoint_files() failed ({}); no checkpoint this time", e.what());
+      out.clear();
+    }
+    return out;
+  }
   void SetVersion(int64_t v) { version_ = v; }
+
+ protected:
+  Status LoadCheckpointFiles(const CheckpointInfo& info) override {
+    std::vector<std::pair<std::string, std::string>> files;
+    for (const auto& e : info.files) {
+      std::string bytes;
+      Status s = ReadCheckpointFile(info, e, &bytes);
+      if (!s.ok()) return s;
+      files.emplace_back(e.name, std::move(bytes));
+    }
+    py::gil_scoped_acquire gil;
+    try {
+      py::function f = py::get_override(static_cast<const State*>(this), "load_checkpoint");
+      if (!f) return FailedPrecondition("this state defines no load_checkpoint()");
+      py::dict d;
+      for (auto& [name, bytes] : files) d[py::str(name)] = py::bytes(bytes);
+      f(d);
+    } catch (py::error_already_set& e) {
+      return InvalidArgument(info.path + ": load_checkpoint() raised " +
+                             std::string(py::str(e.type().attr("__name__"))) + ": " +
+                             std::string(py::str(e.value())));
+    }
+    {
+      py::gil_scoped_release release;
+      Save();
+    }
+    return Status::Ok();
+  }
+
+ public:
   // What a commit says about training (the driver's status, progress lines and event log): a
   // Python state's optional progress() -> (epoch, cursor, samples, epoch_size) or None. A
   // report never stops training: an error there leaves the step alone in the report.

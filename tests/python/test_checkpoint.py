@@ -4,6 +4,7 @@ checkpoint, corrupt checkpoints are skipped, a full disk or a second job on the 
 stop training. The oracle is the example's ledger (every sample of every epoch once, in the
 lineage that survived) and its final hash against a fault-free run's."""
 import json
+import pathlib
 import os
 import random
 import re
@@ -236,3 +237,42 @@ def test_bad_checkpoint_options_exit_2(elastic_run, args, message):
     rc, out = run([elastic_run, "-np", "1"] + args + ["true"], timeout=30)
     assert rc == 2, out
     assert message in out, out
+
+
+DIGITS = [str(pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_digits.py"),
+          "--epochs", "6", "--commit-every", "5", "--loader-workers", "2", "--step-ms", "15"]
+PY = "/usr/bin/python3"
+HASH = re.compile(r"final: .* hash ([0-9a-f]{16})")
+
+
+def test_torch_state_checkpoints_resume_and_load_outside_elastic_run(elastic_run, tmp_path):
+    """examples/train_digits.py (TorchState: model, optimizer, ElasticSampler, values) with no
+    checkpoint code of its own: killed whole after a checkpoint, started again, it resumes and
+    ends with the fault-free model; the checkpoint's model file is a state dict torch.load
+    reads without elastic-run."""
+    rc, out = run([elastic_run, "-np", "2", PY] + DIGITS, timeout=300)
+    assert rc == 0, out
+    want = HASH.search(out).group(1)
+    folder, log, marker = tmp_path / "ckpt", str(tmp_path / "events.jsonl"), uuid.uuid4().hex
+    job = Job([elastic_run, "-np", "2", "--event-log", log] + ckpt_args(folder, "0.5")
+              + [PY] + DIGITS, env=marked_env(marker))
+    try:
+        wait_event(log, lambda e: e["event"] == "checkpoint_written", timeout=120)
+        assert job.proc.poll() is None, job.text()
+    finally:
+        job.kill()
+    job.wait(timeout=30)
+    wait_gone(marker)
+    rc, out = run([elastic_run, "-np", "2"] + ckpt_args(folder, "0.5") + [PY] + DIGITS,
+                  timeout=300)
+    assert rc == 0, out
+    assert "resuming from checkpoint version" in out, out
+    assert HASH.search(out).group(1) == want, out
+    newest = max(n for n in os.listdir(folder) if n.startswith("v"))
+    manifest = json.loads((folder / newest / "manifest.json").read_text())
+    assert {f["name"] for f in manifest["files"]} == {"model", "optimizer", "sampler", "values"}
+    code = ("import sys, torch; sd = torch.load(sys.argv[1]); "
+            "print(sorted(sd)[:2], all(torch.is_tensor(v) for v in sd.values()))")
+    p = subprocess.run([PY, "-c", code, str(folder / newest / "value.model")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip().endswith("True"), p.stdout + p.stderr
