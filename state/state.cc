@@ -87,6 +87,12 @@ void ObjectState::Restore() {
   }
 }
 
+void ObjectState::PrepareCheckpoints() {
+  for (auto& [name, t] : tracked_) {
+    if (!t.spare) t.spare = std::make_shared<std::vector<char>>(t.bytes);  // zeroed: touched
+  }
+}
+
 std::vector<CheckpointFile> ObjectState::CheckpointFiles() {
   std::vector<CheckpointFile> out;
   for (auto& [name, e] : entries_) {

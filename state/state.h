@@ -107,6 +107,9 @@ class State {
   // last commit made: the files stay that version while later commits are made (they go to
   // other buffers). Empty: this state is not checkpointed. Called on the training thread.
   virtual std::vector<CheckpointFile> CheckpointFiles() { return {}; }
+  // Called once when checkpoints are on, before training: allocate now what checkpoints will
+  // need, so that no commit pays for it later.
+  virtual void PrepareCheckpoints() {}
   // Loads a checkpoint's files into the values and commits them as the checkpoint's version.
   Status LoadCheckpoint(const CheckpointInfo& info);
 
@@ -153,10 +156,12 @@ class ObjectState : public State {
   void Restore() override;
   void Sync(Communicator& comm, int root) override;
   Progress progress() const override;
-  // One file per registered value (its serialised bytes) and per tracked buffer (raw). The
-  // first checkpoint allocates a second buffer per tracked buffer: a commit made while a
+  // One file per registered value (its serialised bytes) and per tracked buffer (raw). Each
+  // tracked buffer has a second committed copy (PrepareCheckpoints): a commit made while a
   // checkpoint holds the committed copy writes into the other one.
   std::vector<CheckpointFile> CheckpointFiles() override;
+  // Allocates (and touches) the second buffer of every tracked buffer.
+  void PrepareCheckpoints() override;
 
  private:
   template <typename T>

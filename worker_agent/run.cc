@@ -125,7 +125,10 @@ void Run(State& state, const std::function<void(State&)>& train, AgentOptions op
   int64_t reported_round = -1;
   Duration sync_time{0};
   std::unique_ptr<Checkpoints> checkpoints;
-  if (auto o = Checkpointer::FromEnv()) checkpoints = std::make_unique<Checkpoints>(agent, *o);
+  if (auto o = Checkpointer::FromEnv()) {
+    checkpoints = std::make_unique<Checkpoints>(agent, *o);
+    state.PrepareCheckpoints();  // on every rank: any of them can be rank 0 later
+  }
   state.SetCommitHook([&agent, &state, &reported_round, &sync_time, &checkpoints] {
     if (reported_round != agent.assignment().round) {
       reported_round = agent.assignment().round;
