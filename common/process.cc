@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstring>
 #include <sstream>
 
@@ -123,6 +124,26 @@ int RemoveShmSegmentsOf(pid_t pid) {
     if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
   }
   closedir(d);
+  return removed;
+}
+
+int RemoveStaleShmSegments() {
+  DIR* d = opendir("/dev/shm");
+  if (d == nullptr) return 0;
+  std::vector<std::string> stale;
+  while (dirent* e = readdir(d)) {
+    std::string name = e->d_name;
+    if (name.compare(0, 8, "elastic-") != 0) continue;
+    size_t dash = name.find('-', 8);
+    if (dash == std::string::npos || dash == 8 || dash - 8 > 9) continue;
+    std::string digits = name.substr(8, dash - 8);
+    if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    pid_t pid = static_cast<pid_t>(std::stol(digits));
+    if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) stale.push_back(name);
+  }
+  closedir(d);
+  int removed = 0;
+  for (const auto& name : stale) removed += shm_unlink(("/" + name).c_str()) == 0;
   return removed;
 }
 

@@ -82,6 +82,10 @@ class Process {
 // every rank of the host has mapped them; a process killed in between leaves one. Called by
 // whoever reaps the process, so the pid cannot have been reused yet. Returns how many went.
 int RemoveShmSegmentsOf(pid_t pid);
+// Removes the host segments of processes that are gone (a job killed whole, driver and
+// workers at once, leaves its workers' segments behind: nobody saw them die). Returns how
+// many went.
+int RemoveStaleShmSegments();
 
 // Resolves a program name through PATH as execvp would. NOT_FOUND when it is not there or
 // not executable.

@@ -81,6 +81,10 @@ Status Driver::Start() {
     Status made = MakeDirs(opts_.output_dir);
     if (!made.ok()) return made.WithContext("--output-dir " + opts_.output_dir);
   }
+  // A job killed whole (driver and workers) leaves its workers' host segments in /dev/shm.
+  if (int n = RemoveStaleShmSegments(); n > 0) {
+    spdlog::info("removed {} shared-memory segment(s) of workers that are gone from /dev/shm", n);
+  }
   token_ = RandomToken();
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   sigset_t set;

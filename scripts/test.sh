@@ -48,11 +48,12 @@ fi
 # The chaos soak, a short run of each mode with a fresh seed (printed; a failure names it for
 # replay): the C++ example under kills, stops, additions, removals, discovery failures and
 # leaves; PyTorch workers with DataLoader processes; three network namespace hosts under host
-# kills, link flaps, packet loss, bandwidth caps and partitions; overlapping faults. The modes
+# kills, link flaps, packet loss, bandwidth caps and partitions; overlapping faults; jobs with
+# checkpoints, killed whole and restarted or losing every holder of the state. The modes
 # combined (e.g. --workload python --overlap) run in longer soaks, not here.
 if [ "${ELASTIC_SKIP_SOAK:-0}" != "1" ]; then
   SOAK_MINUTES=${ELASTIC_SOAK_MINUTES:-1.5}
-  for mode in "" "--workload python" "--hosts netns" "--overlap"; do
+  for mode in "" "--workload python" "--hosts netns" "--overlap" "--checkpoints"; do
     echo "== chaos soak (${SOAK_MINUTES} min) ${mode:---workload cpp --hosts local}"
     # shellcheck disable=SC2086
     BUILD_DIR="$BUILD_DIR" bash scripts/soak.sh --minutes "$SOAK_MINUTES" $mode

@@ -5,10 +5,12 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <thread>
 
@@ -155,6 +157,28 @@ TEST_CASE("The orphan reaper holds none of this process's other descriptors", "[
   CHECK(WaitExit(**first, std::chrono::seconds(30)) == 5);
   (*second)->SignalGroup(SIGTERM);  // the reaper kills the program's group, then exits
   CHECK(WaitExit(**second, std::chrono::seconds(30)) != -1);
+}
+
+TEST_CASE("Shared-memory segments of processes that are gone are removed, others are kept",
+          "[unit]") {
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  REQUIRE(dead > 0);
+  REQUIRE(waitpid(dead, nullptr, 0) == dead);  // reaped: the pid names no process now
+  std::string gone = "/dev/shm/elastic-" + std::to_string(dead) + "-beef";
+  std::string live = "/dev/shm/elastic-" + std::to_string(getpid()) + "-beef";
+  std::string other = "/dev/shm/elastic-notapid-beef";
+  for (const auto& p : {gone, live, other}) {
+    FILE* f = std::fopen(p.c_str(), "w");
+    REQUIRE(f != nullptr);
+    std::fclose(f);
+  }
+  CHECK(RemoveStaleShmSegments() >= 1);
+  CHECK(access(gone.c_str(), F_OK) != 0);
+  CHECK(access(live.c_str(), F_OK) == 0);
+  CHECK(access(other.c_str(), F_OK) == 0);
+  unlink(live.c_str());
+  unlink(other.c_str());
 }
 
 }  // namespace

@@ -7,6 +7,7 @@ The example writes, per rank and step, before the step's allreduce:
 A step that was rolled back and trained again appears again with a newer round; the lines of
 a step's newest round are the ones its committed version consumed.
 """
+import bisect
 import collections
 import glob
 import re
@@ -29,15 +30,21 @@ def final_hash(output):
 RUN_ROUNDS = 1_000_000
 
 
-def read(prefix):
+def read(prefix, boundaries=()):
     """The ledger lines of `prefix`, or of a list of prefixes: the runs of one job, in order.
     A step a later run trained again (after resuming from a checkpoint older than the kill)
-    supersedes the earlier run's lines of it, as a newer round does within a run."""
+    supersedes the earlier run's lines of it, as a newer round does within a run. With one
+    prefix that several runs wrote, `boundaries` (ms since the epoch, when each run's processes
+    were all gone) says which run a line is from."""
     if isinstance(prefix, (list, tuple)):
         out = []
         for run, p in enumerate(prefix):
             out += [l._replace(round=run * RUN_ROUNDS + l.round) for l in read(p)]
         return out
+    if boundaries:
+        cuts = sorted(boundaries)
+        return [l._replace(round=bisect.bisect(cuts, l.ts) * RUN_ROUNDS + l.round)
+                for l in read(prefix)]
     lines = []
     for path in glob.glob(prefix + ".*"):
         with open(path) as f:
@@ -51,9 +58,14 @@ def read(prefix):
     return lines
 
 
-def check(prefix, samples, epochs, max_rollback):
+def check(prefix, samples, epochs, max_rollback, boundaries=(), restarts=(),
+          restart_window_ms=0):
     """Returns a list of violations (empty: the promise held). `prefix`: one run's ledger, or
-    the list of a job's runs (see read()).
+    the list of a job's runs (see read(), and `boundaries` for one ledger of several runs).
+    `restarts` (ms since the epoch): when the state was lost on purpose (the whole job, or
+    every holder, killed; training goes on from a checkpoint): the first round after each may
+    resume further back, by at most the steps trained in the `restart_window_ms` before it (the
+    checkpoint interval and its write) plus `max_rollback`.
 
     * every (epoch, step) has, in its newest round, exactly one line from every rank of that
       round (a step re-run inside one round, or committed without some rank, is a violation);
@@ -63,7 +75,7 @@ def check(prefix, samples, epochs, max_rollback):
       any earlier round reached (more is training silently restarted or state thrown away).
     """
     problems = []
-    lines = read(prefix)
+    lines = read(prefix, boundaries)
     if not lines:
         return ["the ledger is empty"]
     by_step = collections.defaultdict(list)
@@ -96,14 +108,25 @@ def check(prefix, samples, epochs, max_rollback):
     for l in lines:
         first[l.round] = min(first.get(l.round, l.step), l.step)
         last[l.round] = max(last.get(l.round, l.step), l.step)
+    first_ts = {}
+    for l in lines:
+        first_ts[l.round] = min(first_ts.get(l.round, l.ts), l.ts)
+    allowance = {}  # round -> extra rollback allowed (the first round after a restart)
+    for t in restarts:
+        after = [r for r in first_ts if first_ts[r] > t]
+        if after:
+            r = min(after, key=lambda x: first_ts[x])
+            recent = {l.step for l in lines if t - restart_window_ms <= l.ts <= t}
+            allowance[r] = max(allowance.get(r, 0), len(recent))
     furthest = 0
     for r in sorted(first):
         rollback = furthest - (first[r] - 1)
-        if rollback > max_rollback:
+        if rollback > max_rollback + allowance.get(r, 0):
             problems.append(f"round {r} resumed at step {first[r]} after step {furthest} had "
                             f"been reached: {rollback} steps thrown away (at most "
-                            f"{max_rollback} may be)")
-        furthest = max(furthest, last[r])
+                            f"{max_rollback + allowance.get(r, 0)} may be)")
+        # After a restart the lineage is the checkpoint's: the lost steps are no longer ahead.
+        furthest = last[r] if r in allowance else max(furthest, last[r])
     return problems
 
 

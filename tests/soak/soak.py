@@ -28,6 +28,12 @@ and host faults join: host-kill (every process of a host), link-flap (its link d
 1-4 s), partition (cut off from the other hosts, not from the driver, for 1-4 s); two hosts
 may be impaired at once, never all three.
 --workload python trains examples/train_digits.py (PyTorch, DataLoader(num_workers=2)).
+With --checkpoints, every job writes checkpoints (--checkpoint-dir, an interval of 0.5-2 s) and
+these join the mix:
+  job-kill      SIGKILL of the driver's process group (the driver and every worker at once),
+                then the same command started again: it resumes from the newest checkpoint
+  kill-all      SIGKILL of every member at once: the state is lost, and the job goes on from
+                the newest checkpoint
 
 After each job it checks, with oracles that do not ask the product: exit 0; every sample index
 of every epoch consumed by exactly one committed step (the workers' ledgers); no round resuming
@@ -37,7 +43,11 @@ its environment (a scan of /proc: workers, launchers, DataLoader workers); nothi
 job's workers left in /dev/shm; every worker that no fault touched kept its process to the end
 (recovery in place: its pid never changed); no stall longer than its fault kind's bound, all
 below the rendezvous timeout; and while the discovery script misbehaves alone, no membership
-change (no round_proposed, host_removed or worker_exited).
+change (no round_proposed, host_removed or worker_exited). With --checkpoints: no job ends in
+"state lost" (every state_lost is followed by a state_restored); after a job-kill nothing of
+the killed run is left (the /proc scan) before the restart; a run resumed from a checkpoint
+rolls back at most the steps of one checkpoint interval; the ledgers of all runs together
+consume every sample once (a step trained again by a later run supersedes the earlier run's).
 
     tests/soak/soak.py --minutes 2                 # a fresh seed, printed at the start
     tests/soak/soak.py --minutes 30 --seed 1234    # replay a seed's fault schedule
@@ -74,19 +84,26 @@ MARK = "ELASTIC_SOAK_MARK"
 WEIGHTS = {"kill": 24, "kill-on-form": 12, "add": 14, "remove": 12, "disc-fail": 8,
            "disc-hang": 5, "disc-garbage": 8, "leave": 10, "stop": 6}
 OVERLAP_WEIGHTS = {"kill-many": 10, "stop-cont": 10, "spare-kill": 6, "spare-stop": 4}
+CHECKPOINT_WEIGHTS = {"job-kill": 5, "kill-all": 5}
+RESTARTS = {"job-kill", "kill-all"}  # the state is lost on purpose; a checkpoint takes over
+MAX_RESTARTS = 2  # of each kind per job: each costs a restart's time
 # Faults that take workers away (or may: a host fault can make its workers lost).
 DESTRUCTIVE = {"kill", "kill-on-form", "leave", "stop", "kill-many", "stop-cont", "host-kill",
-               "link-flap", "loss", "cap", "partition"}
+               "link-flap", "loss", "cap", "partition", "job-kill", "kill-all"}
 # Without --overlap, these wait for a commit in a round newer than the last one's: they
 # certainly take workers away, so the job must have recovered first.
-GATED = {"kill", "kill-on-form", "leave", "stop", "kill-many", "host-kill"}
+GATED = {"kill", "kill-on-form", "leave", "stop", "kill-many", "host-kill", "job-kill",
+         "kill-all"}
 HOST_FAULTS = {"host-kill", "link-flap", "loss", "cap", "partition"}
 LIVENESS = 4  # --liveness-timeout of the soak's jobs
 RENDEZVOUS = 30  # --rendezvous-timeout
 # The longest training may pause after a fault of each kind (seconds), all below the
 # rendezvous timeout. A crash is seen at once; a silent worker within the liveness timeout;
 # a PyTorch newcomer needs 1-2 s to import torch before it can take the state.
-STALL = {"crash": 10.0, "silent": LIVENESS + 12.0, "network": RENDEZVOUS - 2.0}
+STALL = {"crash": 10.0, "silent": LIVENESS + 12.0, "network": RENDEZVOUS - 2.0,
+         # A restart: the killed job's processes found gone, a new driver, the workers'
+         # start (and torch's import), the rendezvous and the checkpoint's load.
+         "restart": 20.0}
 # Link, loss, cap and partition faults leave every process alive and its driver connection
 # up: no failure is seen, and the stall after one is TCP's (the Gloo pairs' retransmissions
 # back off exponentially while the link is out: 24 s after a partition was measured). Their
@@ -136,6 +153,7 @@ class JobRun:
 
     def __init__(self, soak, seed, folder):
         self.soak = soak
+        self.seed = seed
         self.rng = random.Random(seed)
         self.folder = folder
         self.disc = Discovery(folder, soak.hosts.first_slots)
@@ -146,6 +164,14 @@ class JobRun:
         self.removed = set()  # slots ever removed from the discovery file
         self.counts = collections.Counter()
         self.quiet = []  # (start, end) windows in which only the discovery script misbehaved
+        self.interval = round(self.rng.uniform(0.5, 2.0), 2)  # --checkpoint-interval
+        self.run_start = 0  # index in ev.all where the current run's events begin
+        self.boundaries = []  # ms: each killed run's processes were all gone by then
+        self.restarts = []  # ms: when the state was lost on purpose (job-kill, kill-all)
+
+    def checkpointed(self):
+        """A checkpoint was written in the current run (a restart has something to take)."""
+        return any(e["event"] == "checkpoint_written" for e in self.ev.all[self.run_start:])
 
     def pid_of(self, slot):
         starts = [e for e in self.ev.all if e["event"] == "worker_started" and e["slot"] == slot]
@@ -255,6 +281,8 @@ class Soak:
         self.weights = dict(WEIGHTS)
         if args.overlap:
             self.weights.update(OVERLAP_WEIGHTS)
+        if args.checkpoints:
+            self.weights.update(CHECKPOINT_WEIGHTS)
         self.weights.update(self.hosts.faults)
         self.faults = collections.Counter()
         self.stalls = collections.defaultdict(float)  # fault kind -> longest stall after one
@@ -278,6 +306,8 @@ class Soak:
                  "--discovery-timeout", "2", "--host-failure-limit", "0",
                  "--liveness-timeout", str(LIVENESS), "--rendezvous-timeout", str(RENDEZVOUS),
                  "--grace-period", "2", "--event-log", str(j.ev.path)]
+                + (["--checkpoint-dir", str(j.folder / "ckpt"), "--checkpoint-interval",
+                    str(j.interval)] if self.args.checkpoints else [])
                 + self.hosts.launcher_args() + self.work.command(j.folder))
 
     def run_job(self, seed, want, folder):
@@ -352,6 +382,13 @@ class Soak:
                     continue  # one host at least is never impaired
                 if destructive and lasting and not self.args.overlap:
                     continue
+                if action == "job-kill":
+                    restarted = self.kill_job(j, job, marker, env, spares)
+                    if restarted is None:
+                        break  # the violation is recorded; `job` is the killed run
+                    if restarted is not job:
+                        job, gate_round, stop_pending = restarted, -1, False
+                    continue
                 fault = self.inject(action, j, job, formed)
                 if fault is None:
                     continue
@@ -397,6 +434,44 @@ class Soak:
                   f"it; output with their stacks kept in {kept}", flush=True)
         return not problems
 
+    def kill_job(self, j, job, marker, env, spares):
+        """job-kill: SIGKILL of the driver's process group, every process of the job found gone
+        in /proc, then the same command again. Returns the new Job (the old one when the fault
+        does not apply now), or None when the killed job left processes behind."""
+        if j.counts["job-kill"] >= MAX_RESTARTS or not j.checkpointed():
+            return job
+        fault = j.record("job-kill", [])
+        j.restarts.append(fault.at * 1000)
+        # Every process of this run counts as touched (the driver died with them: none of
+        # their exits is in its event log).
+        j.hit.update(e["pid"] for e in j.ev.all if e["event"] == "worker_started")
+        job.kill()
+        job.wait(timeout=30)
+        deadline = time.monotonic() + 15
+        left = procs_with_marker(marker, MARK)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = procs_with_marker(marker, MARK)
+        if left:
+            self.violations.append(f"job {j.seed}: processes of the killed job left behind "
+                                   f"15 s after the driver's process group was killed: "
+                                   f"{self.describe(left)}")
+            return None
+        j.boundaries.append(time.time() * 1000)
+        j.ev.poll()
+        j.run_start = len(j.ev.all)
+        (j.folder / f"output-{j.counts['job-kill']}.txt").write_text(job.text() + "\n")
+        job = Job(self.job_args(j, spares), env=env)
+        # Faults resume once the new run's first round formed (the old run's events say
+        # nothing of the new processes).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and job.proc.poll() is None:
+            j.ev.poll()
+            if any(e["event"] == "round_formed" for e in j.ev.all[j.run_start:]):
+                break
+            time.sleep(0.05)
+        return job
+
     def near_end(self, job):
         # A kill while the last workers finish would fail the job by design (a failure while
         # finishing ends a job): the soak stops injecting in the last three epochs.
@@ -427,6 +502,15 @@ class Soak:
                 return None
             sig = signal.SIGKILL if action == "kill" else signal.SIGSTOP
             return j.record(action, [target]) if self.signal(j, target, sig) else None
+        if action == "kill-all":
+            # Every member at once, after a checkpoint of this run: the state is lost for real.
+            if j.counts[action] >= MAX_RESTARTS or not j.checkpointed() or not members:
+                return None
+            fault = j.record(action, members)
+            j.restarts.append(fault.at * 1000)
+            for t in members:
+                self.signal(j, t, signal.SIGKILL)
+            return fault
         if action == "kill-many":
             if len(members) < 3 or len(holders) < 2:
                 return None
@@ -581,7 +665,9 @@ class Soak:
         if rc == 0:
             problems += self.work.model_problems(job.text(), j.folder, want)
             problems += ledger.check(book, self.work.samples, self.args.epochs,
-                                     max_rollback=self.work.commit_every + 1)
+                                     max_rollback=self.work.commit_every + 1,
+                                     boundaries=j.boundaries, restarts=j.restarts,
+                                     restart_window_ms=(j.interval + 3.0) * 1000)
             problems += self.stall_problems(j, book)
         # Leftovers, found in /proc by the marker every process of the job inherits.
         deadline = time.monotonic() + 15
@@ -605,8 +691,16 @@ class Soak:
         problems += self.in_place_problems(j, rc)
         problems += self.stopped_problems(j, rc)
         problems += self.quiet_problems(j)
-        if [e for e in j.ev.all if e["event"] == "state_lost"]:
+        lost = [e for e in j.ev.all if e["event"] == "state_lost"]
+        if lost and not self.args.checkpoints:
             problems.append("the driver reported the state lost")
+        for i, e in enumerate(j.ev.all):
+            # With checkpoints, each loss must be followed by a restore from one.
+            if e["event"] == "state_lost" and self.args.checkpoints and not any(
+                    r["event"] == "state_restored" and r["round"] == e["round"]
+                    for r in j.ev.all[i:]):
+                problems.append(f"the state was lost in round {e['round']} and no checkpoint "
+                                f"was restored")
         return problems
 
     @staticmethod
@@ -654,7 +748,8 @@ class Soak:
                 return f.kind in kinds or any(
                     g.kind in kinds and g.at <= a <= (g.until or g.at) + LIVENESS + 6
                     for g in faults[:k])
-            bound = STALL["network" if in_effect(NETWORK) else
+            bound = STALL["restart" if in_effect(RESTARTS) else
+                          "network" if in_effect(NETWORK) else
                           "silent" if in_effect(SILENT) else "crash"]
             gap = b - a
             if gap > worst.get(f.kind, (0.0, 0.0))[0]:
@@ -724,7 +819,8 @@ class Soak:
         seed = self.args.seed if self.args.seed is not None else random.SystemRandom().randrange(
             1, 10**9)
         mode = (f"--workload {self.args.workload} --hosts {self.args.hosts}"
-                + (" --overlap" if self.args.overlap else ""))
+                + (" --overlap" if self.args.overlap else "")
+                + (" --checkpoints" if self.args.checkpoints else ""))
         print(f"soak: seed {seed} (replay: scripts/soak.sh {mode} --seed {seed} --minutes "
               f"{self.args.minutes:g}); {self.args.epochs} epochs a job", flush=True)
         try:
@@ -788,6 +884,10 @@ def parse():
     p.add_argument("--overlap", action="store_true",
                    help="faults do not wait for the previous recovery (one holder of the "
                         "state is always left); adds kill-many, stop-cont, spare-kill/stop")
+    p.add_argument("--checkpoints", action="store_true",
+                   help="every job writes checkpoints (--checkpoint-dir); adds job-kill (the "
+                        "whole job killed and started again) and kill-all (every holder of "
+                        "the state killed at once)")
     p.add_argument("--epochs", type=int, default=None,
                    help="epochs of each job (default: 30 for cpp, 24 for python)")
     p.add_argument("--step-ms", type=int, default=5, help="extra time per training step")
