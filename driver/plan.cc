@@ -38,16 +38,25 @@ std::vector<std::string> PlanMembers(const PlanInput& in) {
     return std::make_pair(pos, s.index);
   };
   auto by_key = [&](const std::string& a, const std::string& b) { return key(a) < key(b); };
-  // Holders of the newest commit first: the cap must not leave out the state's only copy.
+  // Holders of the newest commit first (the cap must not leave out the state's only copy),
+  // those that answer before silent ones (a silent holder may be lost a moment later).
   std::sort(survivors.begin(), survivors.end(), [&](const std::string& a, const std::string& b) {
     bool ha = in.holders.count(a) > 0, hb = in.holders.count(b) > 0;
-    return ha != hb ? ha : key(a) < key(b);
+    if (ha != hb) return ha;
+    bool sa = in.silent.count(a) > 0, sb = in.silent.count(b) > 0;
+    return sa != sb ? sb : key(a) < key(b);
   });
   std::sort(spares.begin(), spares.end(), by_key);
   std::sort(fresh.begin(), fresh.end(), by_key);
   size_t cap = in.max_np > 0 ? in.max_np : SIZE_MAX;
   if (in.reserve > 0) {
-    size_t slots = kept.size() + survivors.size() + spares.size() + fresh.size();
+    // A listed slot whose process is still going away is the job's too: not counting it
+    // would shrink the job again at every re-plan while one leaves.
+    size_t going = 0;
+    for (const auto& slot : in.busy) {
+      if (SlotListed(in.available, slot)) ++going;
+    }
+    size_t slots = kept.size() + survivors.size() + spares.size() + fresh.size() + going;
     size_t floor = std::min(in.need, slots);
     cap = std::min(cap, std::max(floor, slots > in.reserve ? slots - in.reserve : 0));
   }

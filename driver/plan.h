@@ -26,6 +26,9 @@ struct PlanInput {
   // survivors, these are the last to go (a holder left out may exit before a later round
   // could keep it, and take the state with it).
   std::set<std::string> holders;
+  // Alive slots not heard from lately (stopped, their link down): when the cap leaves out
+  // survivors, these go before the ones that answer.
+  std::set<std::string> silent;
   size_t max_np = 0;                            // 0: no cap
   // Slots kept free of members for warm spares (--spares), unless fewer than `need` members
   // (-np) could run otherwise.

@@ -121,6 +121,10 @@ PlanInput Policy::MakePlanInput(std::vector<discovery::HostSlots> available) con
       if (workers_.at(slot).version == newest) in.holders.insert(slot);
     }
   }
+  for (const auto& slot : in.alive) {
+    const Worker& w = workers_.at(slot);
+    if (w.heard_at != TimePoint{} && Now() - w.heard_at > kSilence) in.silent.insert(slot);
+  }
   return in;
 }
 

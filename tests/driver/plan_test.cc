@@ -82,6 +82,39 @@ TEST_CASE("plan: a kept holder stays although its host is unlisted, and wins the
   CHECK(PlanMembers(in) == std::vector<std::string>{"a:0", "a:1"});
 }
 
+TEST_CASE("plan: a slot whose worker is going away still counts against the spares' reserve",
+          "[unit]") {
+  // Found by the namespace soak (seed 785004327, job 6): a host shrank by one slot; the
+  // re-plan left out one member for the spares' reserve, whose slot then counted as busy, so
+  // the next re-plan left out another, and so on: two healthy holders were scaled away.
+  PlanInput in;
+  in.listed = in.available = {{"h0", 3}, {"h1", 2}, {"h2", 1}};
+  in.host_order = {"h0", "h1", "h2"};
+  in.alive = {"h0:0", "h0:1", "h0:2", "h1:0"};
+  in.busy = {"h2:0"};  // left out by the last plan, still exiting
+  in.spares = {"h1:1"};
+  in.holders = in.alive;
+  in.reserve = 2;
+  in.need = 2;
+  in.max_np = 6;
+  // Six listed slots, two reserved for spares: four members, as before.
+  CHECK(PlanMembers(in) == std::vector<std::string>{"h0:0", "h0:1", "h0:2", "h1:0"});
+}
+
+TEST_CASE("plan: when the cap leaves out holders, silent ones go before those that answer",
+          "[unit]") {
+  // The same soak job: the members that stayed were the three of a host whose link was down
+  // (they answered nothing); they were lost a moment later, and the state with them.
+  PlanInput in;
+  in.listed = in.available = {{"h0", 3}, {"h1", 1}, {"h2", 1}};
+  in.host_order = {"h0", "h1", "h2"};
+  in.alive = {"h0:0", "h0:1", "h0:2", "h1:0", "h2:0"};
+  in.holders = in.alive;
+  in.silent = {"h0:0", "h0:1", "h0:2"};
+  in.max_np = 3;
+  CHECK(PlanMembers(in) == std::vector<std::string>{"h0:0", "h1:0", "h2:0"});
+}
+
 TEST_CASE("assign: local and cross ranks by host", "[unit]") {
   auto a = AssignRanks({"x:0", "y:0", "x:1", "y:1", "y:2"}, true);
   CHECK(a["x:1"].rank == 2);
