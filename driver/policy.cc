@@ -145,10 +145,15 @@ std::set<std::string> Policy::StateKeepers() const {
     }
   }
   if (newest <= 0 || listed_newest >= newest) return {};
+  // One not told to go yet before one that was (the removal may have reached it already: it
+  // exits at its next join, whatever a later round wants), then the one kept before.
   const Worker* pick = nullptr;
+  auto rank = [&](const Worker* w) {
+    return std::make_pair(w->removed ? 1 : 0, kept_.count(w->slot) ? 0 : 1);
+  };
   for (const Worker* w : unlisted) {
     if (w->version != newest) continue;
-    if (!pick || (kept_.count(w->slot) && !kept_.count(pick->slot))) pick = w;
+    if (!pick || rank(w) < rank(pick)) pick = w;
   }
   if (!pick) return {};
   return {pick->slot};
@@ -761,6 +766,9 @@ void Policy::OnRoundFormed(const rendezvous::FormedRound& f) {
     Worker& w = workers_[f.members[i]];
     w.round = f.round;
     w.rank = static_cast<int>(i);
+    // What the worker said it holds in its join: newer than its last report when the reports
+    // lag (the state's holders are chosen by it, e.g. StateKeepers).
+    if (i < f.versions.size()) w.version = std::max(w.version, f.versions[i]);
     w.rescued = false;  // it joined: no removal can reach it now
   }
   std::vector<std::string> behind;

@@ -1030,6 +1030,40 @@ TEST_CASE("policy: a member that does not exit after its peers finished is named
   }
 }
 
+TEST_CASE("policy: the holder kept for the state is one not yet told to go, by what it said",
+          "[unit]") {
+  // PyTorch namespace soak (seed 752467358, job 5): a worker told to go (its host was no
+  // longer listed) was chosen to keep the state, by its newer commit report, over a member
+  // whose join had said as new a version (its reports lagged); the chosen one had already
+  // been told to go and exited, the other was scaled away: state lost.
+  DriverOptions d = Discovered(4);
+  d.min_np = 2;
+  d.host_failure_limit = 0;
+  Job job(d);
+  job.StartFormed({{"h0", 2}, {"h1", 1}}, {"h0:0", "h0:1", "h1:0"});
+  for (const char* s : {"h0:0", "h0:1", "h1:0"}) job.Commit(s, 0, 1);
+  job.policy->OnDiscovery(std::vector<HostSlots>{{"h0", 2}}, {});
+  auto a = job.Take();
+  REQUIRE(Of(a, Action::kProposeRound).size() == 1);
+  CHECK(Of(a, Action::kProposeRound)[0]->removed == std::vector<std::string>{"h1:0"});
+  job.policy->OnDiscovery(std::vector<HostSlots>{{"h0", 1}}, {});  // below --min-np: waits
+  job.Take();
+  job.Commit("h1:0", 0, 3);  // went on in the old round, reported
+  job.Commit("h0:0", 0, 2);  // reports lag behind
+  job.Commit("h0:1", 0, 2);
+  job.Form(1, {"h0:0", "h0:1"}, {3, 3});  // what they said in their joins
+  job.Take();
+  job.policy->OnExit("h0:0", 137, "signal 9 (Killed)");
+  a = job.Take();
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  auto members = Members(*proposals[0]);
+  CHECK(std::find(members.begin(), members.end(), "h0:1") != members.end());
+  auto kept = Events(a, "holder_kept");
+  REQUIRE(kept.size() == 1);
+  CHECK(std::get<std::string>(*Field(*kept[0], "slot")) == "h0:1");
+}
+
 TEST_CASE("policy: a job whose members finish while a round with a newcomer is pending succeeds",
           "[unit]") {
   // Soak seed 833434529 (PyTorch, overlapping faults): the round's members finished training
