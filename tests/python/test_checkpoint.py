@@ -210,6 +210,42 @@ def test_a_full_disk_is_said_once_and_training_goes_on(elastic_run, example, tmp
         subprocess.run(["umount", "-l", str(mnt)])
 
 
+def test_a_folder_deleted_or_replaced_under_the_job_is_said_once_and_comes_back(
+        elastic_run, example, tmp_path):
+    """While the job trains, its checkpoint folder is deleted (the next write makes it again),
+    then a file takes its place (writes fail, said once) and goes: checkpoints come back,
+    training never stops, and the model is the fault-free one."""
+    args = ["--epochs", "12", "--step-ms", "4", "--commit-every", "4"]
+    rc, ref = run([elastic_run, "-np", "2", example] + args, timeout=120)
+    assert rc == 0, ref
+    folder, log = tmp_path / "ck", str(tmp_path / "events.jsonl")
+    job = Job([elastic_run, "-np", "2", "--event-log", log] + ckpt_args(folder, "0.2")
+              + [example] + args)
+    try:
+        first = wait_event(log, lambda e: e["event"] == "checkpoint_written", timeout=60)
+        subprocess.run(["rm", "-rf", str(folder)], check=True)
+        t = time.time()
+        again = wait_event(log, lambda e: e["event"] == "checkpoint_written" and e["ts"] > t,
+                           timeout=60)
+        assert again["version"] > first["version"] and os.path.isdir(again["path"]), again
+        subprocess.run(["rm", "-rf", str(folder)], check=True)
+        folder.write_text("not a folder\n")
+        failed = wait_event(log, lambda e: e["event"] == "checkpoint_failed", timeout=60)
+        wait_event(log, lambda e: e["event"] == "checkpoint_failed" and e["ts"] > failed["ts"],
+                   timeout=60)
+        folder.unlink()
+        wait_event(log, lambda e: e["event"] == "checkpoint_written" and e["ts"] > failed["ts"],
+                   timeout=60)
+        assert job.wait(timeout=180) == 0, job.text()
+    finally:
+        job.kill()
+    out = job.text()
+    said = [l for l in out.splitlines() if "[driver]" in l and "checkpoint of version" in l]
+    assert len(said) == 1, said
+    assert "checkpoints are written again" in out, out
+    assert ledger.final_hash(out) == ledger.final_hash(ref), out
+
+
 def test_a_second_job_on_one_folder_is_refused(elastic_run, example, tmp_path):
     folder = tmp_path / "ckpt"
     job = Job([elastic_run, "-np", "1"] + ckpt_args(folder) + [example, "--epochs", "1000",
