@@ -194,15 +194,23 @@ void Agent::ReportLoop() {
   }
 }
 
-void Agent::NoteCommit(const Progress& p) {
+namespace {
+// A report of what a commit (or a checkpoint of one) holds.
+rendezvous::Report ProgressReport(rendezvous::ReportKind kind, const Progress& p) {
   rendezvous::Report r;
-  r.kind = rendezvous::ReportKind::kCommitted;
-  r.round = current_round_.load();
+  r.kind = kind;
   r.step = r.version = p.step;
   r.epoch = p.epoch;
   r.cursor = p.cursor;
   r.samples = p.samples;
   r.epoch_size = p.epoch_size;
+  return r;
+}
+}  // namespace
+
+void Agent::NoteCommit(const Progress& p) {
+  rendezvous::Report r = ProgressReport(rendezvous::ReportKind::kCommitted, p);
+  r.round = current_round_.load();
   {
     std::lock_guard<std::mutex> g(report_mu_);
     pending_ = std::move(r);
@@ -508,14 +516,9 @@ void Agent::SendReport(rendezvous::Report r) {
   if (!s.ok()) spdlog::warn("report to the driver failed: {}", s.ToString());
 }
 
+
 void Agent::ReportCommitted(const Progress& p, Duration rebuild, Duration sync) {
-  rendezvous::Report r;
-  r.kind = rendezvous::ReportKind::kCommitted;
-  r.step = r.version = p.step;
-  r.epoch = p.epoch;
-  r.cursor = p.cursor;
-  r.samples = p.samples;
-  r.epoch_size = p.epoch_size;
+  rendezvous::Report r = ProgressReport(rendezvous::ReportKind::kCommitted, p);
   r.rebuild_seconds = std::chrono::duration<double>(rebuild).count();
   r.sync_seconds = std::chrono::duration<double>(sync).count();
   SendReport(std::move(r));
@@ -545,14 +548,7 @@ void Agent::ReportFailed(const std::string& message) {
 
 void Agent::ReportCheckpoint(rendezvous::ReportKind kind, const Progress& p,
                              const std::string& message, double seconds) {
-  rendezvous::Report r;
-  r.kind = kind;
-  r.step = p.step;
-  r.version = p.step;
-  r.epoch = p.epoch;
-  r.cursor = p.cursor;
-  r.samples = p.samples;
-  r.epoch_size = p.epoch_size;
+  rendezvous::Report r = ProgressReport(kind, p);
   r.message = message;
   r.seconds = seconds;
   SendReport(std::move(r));

@@ -447,11 +447,7 @@ class Soak:
         j.hit.update(e["pid"] for e in j.ev.all if e["event"] == "worker_started")
         job.kill()
         job.wait(timeout=30)
-        deadline = time.monotonic() + 15
-        left = procs_with_marker(marker, MARK)
-        while left and time.monotonic() < deadline:
-            time.sleep(0.05)
-            left = procs_with_marker(marker, MARK)
+        left = self.leftovers(marker)
         if left:
             self.violations.append(f"job {j.seed}: processes of the killed job left behind "
                                    f"15 s after the driver's process group was killed: "
@@ -669,12 +665,7 @@ class Soak:
                                      boundaries=j.boundaries, restarts=j.restarts,
                                      restart_window_ms=(j.interval + 3.0) * 1000)
             problems += self.stall_problems(j, book)
-        # Leftovers, found in /proc by the marker every process of the job inherits.
-        deadline = time.monotonic() + 15
-        left = procs_with_marker(marker, MARK)
-        while left and time.monotonic() < deadline:
-            time.sleep(0.1)
-            left = procs_with_marker(marker, MARK)
+        left = self.leftovers(marker)
         if left:
             problems.append(f"processes of the job left behind: {self.describe(left)}")
             for pid in left:
@@ -702,6 +693,17 @@ class Soak:
                 problems.append(f"the state was lost in round {e['round']} and no checkpoint "
                                 f"was restored")
         return problems
+
+    @staticmethod
+    def leftovers(marker, seconds=15):
+        """Processes of the job still there after `seconds`, found in /proc by the marker
+        every process of the job inherits (not from the driver's events)."""
+        deadline = time.monotonic() + seconds
+        left = procs_with_marker(marker, MARK)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = procs_with_marker(marker, MARK)
+        return left
 
     @staticmethod
     def dump_stacks(marker, folder):
