@@ -20,8 +20,11 @@ std::vector<std::string> PlanMembers(const PlanInput& in) {
   for (const auto& slot : in.alive) {
     if (SlotListed(in.listed, slot) && !in.keep.count(slot)) survivors.push_back(slot);
   }
+  // A spare that does not answer (stopped or hung before it took a place, or not yet
+  // connected) would hold a round until the rendezvous timeout: a new process goes first.
+  std::vector<std::string> silent_spares;
   for (const auto& slot : in.spares) {
-    if (SlotListed(in.listed, slot)) spares.push_back(slot);
+    if (SlotListed(in.listed, slot)) (in.silent.count(slot) ? silent_spares : spares).push_back(slot);
   }
   for (const auto& h : in.available) {
     for (int i = 0; i < h.slots; ++i) {
@@ -47,6 +50,7 @@ std::vector<std::string> PlanMembers(const PlanInput& in) {
     return sa != sb ? sb : key(a) < key(b);
   });
   std::sort(spares.begin(), spares.end(), by_key);
+  std::sort(silent_spares.begin(), silent_spares.end(), by_key);
   std::sort(fresh.begin(), fresh.end(), by_key);
   size_t cap = in.max_np > 0 ? in.max_np : SIZE_MAX;
   if (in.reserve > 0) {
@@ -56,12 +60,13 @@ std::vector<std::string> PlanMembers(const PlanInput& in) {
     for (const auto& slot : in.busy) {
       if (SlotListed(in.available, slot)) ++going;
     }
-    size_t slots = kept.size() + survivors.size() + spares.size() + fresh.size() + going;
+    size_t slots = kept.size() + survivors.size() + spares.size() + silent_spares.size() +
+                   fresh.size() + going;
     size_t floor = std::min(in.need, slots);
     cap = std::min(cap, std::max(floor, slots > in.reserve ? slots - in.reserve : 0));
   }
   std::vector<std::string> plan;
-  for (const auto* group : {&kept, &survivors, &spares, &fresh}) {
+  for (const auto* group : {&kept, &survivors, &spares, &fresh, &silent_spares}) {
     for (const auto& s : *group) {
       if (plan.size() < cap) plan.push_back(s);
     }

@@ -26,8 +26,9 @@ struct PlanInput {
   // survivors, these are the last to go (a holder left out may exit before a later round
   // could keep it, and take the state with it).
   std::set<std::string> holders;
-  // Alive slots not heard from lately (stopped, their link down): when the cap leaves out
-  // survivors, these go before the ones that answer.
+  // Alive slots and spares not heard from lately (stopped, their link down; a spare not yet
+  // connected): when the cap leaves out survivors, these go before the ones that answer, and
+  // a new process on a free slot is taken before a silent spare.
   std::set<std::string> silent;
   size_t max_np = 0;                            // 0: no cap
   // Slots kept free of members for warm spares (--spares), unless fewer than `need` members

@@ -125,6 +125,12 @@ PlanInput Policy::MakePlanInput(std::vector<discovery::HostSlots> available) con
     const Worker& w = workers_.at(slot);
     if (w.heard_at != TimePoint{} && Now() - w.heard_at > kSilence) in.silent.insert(slot);
   }
+  for (const auto& slot : in.spares) {
+    const Worker& w = workers_.at(slot);
+    if (w.watches == 0 || w.heard_at == TimePoint{} || Now() - w.heard_at > kSilence) {
+      in.silent.insert(slot);
+    }
+  }
   return in;
 }
 

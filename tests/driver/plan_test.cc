@@ -115,6 +115,26 @@ TEST_CASE("plan: when the cap leaves out holders, silent ones go before those th
   CHECK(PlanMembers(in) == std::vector<std::string>{"h0:0", "h1:0", "h2:0"});
 }
 
+TEST_CASE("plan: a new process on a free slot goes before a spare that does not answer",
+          "[unit]") {
+  // Namespace PyTorch soak (seed 489384709, job 1): a spare stopped before it connected was
+  // promoted; the round waited for its join until the rendezvous timeout (30 s).
+  PlanInput in;
+  in.listed = in.available = {{"a", 4}};
+  in.host_order = {"a"};
+  in.alive = {"a:0"};
+  in.spares = {"a:1", "a:2"};
+  in.silent = {"a:1"};
+  in.max_np = 2;
+  CHECK(PlanMembers(in) == std::vector<std::string>{"a:0", "a:2"});
+  in.spares = {"a:1"};
+  CHECK(PlanMembers(in) == std::vector<std::string>{"a:0", "a:2"});  // a:2 is free
+  in.max_np = 3;
+  CHECK(PlanMembers(in) == std::vector<std::string>{"a:0", "a:2", "a:3"});
+  in.max_np = 4;  // and when nothing else is left, the silent spare
+  CHECK(PlanMembers(in) == std::vector<std::string>{"a:0", "a:1", "a:2", "a:3"});
+}
+
 TEST_CASE("assign: local and cross ranks by host", "[unit]") {
   auto a = AssignRanks({"x:0", "y:0", "x:1", "y:1", "y:2"}, true);
   CHECK(a["x:1"].rank == 2);

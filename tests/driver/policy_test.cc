@@ -77,6 +77,11 @@ struct Job {
     r.version = step;
     policy->OnReport(r);
   }
+  // A worker (a spare) that connected its Watch and answers.
+  void Ready(const std::string& slot) {
+    policy->OnWatch(slot, true);
+    Heartbeat(slot, -1, 0, false);
+  }
   void Advance(Duration d) {
     clock.Advance(d);
     policy->OnTimer();
@@ -823,6 +828,7 @@ TEST_CASE("policy: warm spares start on free slots, take a lost member's place, 
   CHECK(Slots(a, Action::kLaunch).size() == 5);
   job.Form(0, {"a:0", "a:1", "a:2", "a:3"});
   job.Take();
+  job.Ready("a:4");
   // A member dies: the spare takes its place (no process starts for the round), and a new
   // spare starts on the dead member's slot.
   job.policy->OnExit("a:1", 137, "killed by SIGKILL");
@@ -844,6 +850,7 @@ TEST_CASE("policy: warm spares start on free slots, take a lost member's place, 
   a = job.Take();
   CHECK(Of(a, Action::kProposeRound).empty());
   CHECK(Spares(a) == std::vector<std::string>{"a:1"});
+  job.Ready("a:1");
   // A new slot listed: the spare takes it as a member, a new spare starts on the new slot.
   d.discovery_script = "x";
   job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 6}}, {});
@@ -853,6 +860,26 @@ TEST_CASE("policy: warm spares start on free slots, take a lost member's place, 
   CHECK(proposals[0]->assignments.size() == 5);
   CHECK(proposals[0]->assignments.count("a:1") == 1);
   CHECK(Spares(a) == std::vector<std::string>{"a:5"});
+}
+
+TEST_CASE("policy: a spare that never connected is not promoted while one that answers is",
+          "[unit]") {
+  // Namespace PyTorch soak (seed 489384709, job 1): a spare stopped before it connected was
+  // promoted, and the round waited 30 s (the rendezvous timeout) for its join.
+  DriverOptions d = WithSpares(Static({{"a", 6}}, 4, 2), 2);
+  Job job(d);
+  job.policy->Start(d.hosts);
+  auto a = job.Take();
+  REQUIRE(Spares(a) == std::vector<std::string>{"a:4", "a:5"});
+  job.Form(0, {"a:0", "a:1", "a:2", "a:3"});
+  job.Take();
+  job.Ready("a:5");  // a:4 never opened its Watch (stopped while it started)
+  job.policy->OnExit("a:1", 137, "killed by SIGKILL");
+  a = job.Take();
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(proposals[0]->assignments.count("a:5") == 1);
+  CHECK(proposals[0]->assignments.count("a:4") == 0);
 }
 
 TEST_CASE("policy: a spare on a blacklisted host still takes a place, and none starts there",
