@@ -8,6 +8,7 @@ import pathlib
 import os
 import random
 import re
+import signal
 import subprocess
 import time
 import uuid
@@ -312,3 +313,34 @@ def test_torch_state_checkpoints_resume_and_load_outside_elastic_run(elastic_run
     p = subprocess.run([PY, "-c", code, str(folder / newest / "value.model")],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip().endswith("True"), p.stdout + p.stderr
+
+
+def test_status_and_metrics_show_the_newest_checkpoint_and_the_failures(
+        elastic_run, example, tmp_path):
+    from test_operations import scrape, status
+    folder, log, job_file = tmp_path / "ck", str(tmp_path / "events.jsonl"), str(tmp_path / "j")
+    job = Job([elastic_run, "-np", "2", "--metrics-port", "0", "--job-file", job_file,
+               "--event-log", log] + ckpt_args(folder, "0.2") + [example, "--epochs", "1000",
+                                                                 "--step-ms", "5"])
+    try:
+        written = wait_event(log, lambda e: e["event"] == "checkpoint_written", timeout=60)
+        url = re.search(r"metrics on (http://\S+)", job.text()).group(1)
+        doc = json.loads(status(elastic_run, job_file, "--json").stdout)
+        c = doc["checkpoint"]
+        assert c["version"] >= written["version"] and c["path"].startswith(str(folder)), doc
+        assert c["failures"] == 0 and c["error"] is None and c["seconds"] >= 0, c
+        assert "checkpoint: version" in status(elastic_run, job_file).stdout
+        m = scrape(url)
+        assert m["elastic_checkpoint_version"] >= written["version"], m
+        assert m["elastic_checkpoint_failures_total"] == 0, m
+        subprocess.run(["rm", "-rf", str(folder)], check=True)
+        folder.write_text("in the way\n")
+        wait_event(log, lambda e: e["event"] == "checkpoint_failed", timeout=60)
+        c = json.loads(status(elastic_run, job_file, "--json").stdout)["checkpoint"]
+        assert c["failures"] >= 1 and "Not a directory" in (c["error"] or ""), c
+        assert "failed write(s), failing now:" in status(elastic_run, job_file).stdout
+        assert scrape(url)["elastic_checkpoint_failures_total"] >= 1
+        os.kill(job.proc.pid, signal.SIGTERM)
+        assert job.wait(timeout=60) == 128 + signal.SIGTERM, job.text()
+    finally:
+        job.kill()
