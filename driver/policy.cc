@@ -1307,8 +1307,14 @@ void Policy::OnTimer() {
   for (auto& [slot, w] : workers_) {
     if (w.running && now >= w.lost_at && !shutting_down_) {
       w.lost_at = TimePoint::max();
-      if (!IsMember(slot)) {  // not in the job (removed, leaving): only its process goes
+      if (!IsMember(slot)) {  // not in the job (removed, leaving): its process goes
         SignalSlot(slot, SIGKILL);
+        // Its old round may still run, its peers waiting on it in a collective; a peer cut
+        // off by the network never tells them it died: they are aborted out of it.
+        if (aborted_ < formed_) {
+          AbortFormedRound(slot, "slot " + slot + " of round " + std::to_string(formed_) +
+                                     " lost contact");
+        }
         continue;
       }
       DeclareHung(w, "lost contact: its Watch stream broke and stayed broken (the process is "

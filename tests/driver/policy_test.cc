@@ -1091,6 +1091,32 @@ TEST_CASE("policy: the holder kept for the state is one not yet told to go, by w
   CHECK(std::get<std::string>(*Field(*kept[0], "slot")) == "h0:1");
 }
 
+TEST_CASE("policy: a scaled-away worker lost while its old round still runs aborts that round",
+          "[unit]") {
+  // Namespace soak (seed 113189435, job 1): a worker of the formed round, stopped and then cut
+  // off by a partition, was scaled away; found lost, it was only killed, and its peer, still
+  // in a collective with it (the partition swallowed the connection's end), waited 30 s for
+  // the fence timeout.
+  DriverOptions d = Discovered(4);
+  d.liveness_timeout = seconds(3);
+  Job job(d);
+  job.StartFormed({{"a", 2}, {"b", 1}}, {"a:0", "a:1", "b:0"});
+  job.policy->OnWatch("b:0", true);
+  job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 2}}, {});
+  auto a = job.Take();
+  REQUIRE(Of(a, Action::kProposeRound).size() == 1);
+  job.policy->OnWatch("b:0", false);
+  job.Advance(seconds(2));
+  a = job.Take();
+  CHECK(Slots(a, Action::kSignal, SIGKILL) == std::vector<std::string>{"b:0"});
+  std::vector<std::string> aborted;
+  for (const Action* p : Of(a, Action::kPublish)) {
+    if (p->event.kind == EventKind::kAbort && p->event.round == 0) aborted.push_back(p->slot);
+  }
+  std::sort(aborted.begin(), aborted.end());
+  CHECK(aborted == std::vector<std::string>{"a:0", "a:1"});
+}
+
 TEST_CASE("policy: a job whose members finish while a round with a newcomer is pending succeeds",
           "[unit]") {
   // Soak seed 833434529 (PyTorch, overlapping faults): the round's members finished training
