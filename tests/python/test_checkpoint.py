@@ -344,3 +344,27 @@ def test_status_and_metrics_show_the_newest_checkpoint_and_the_failures(
         assert job.wait(timeout=60) == 128 + signal.SIGTERM, job.text()
     finally:
         job.kill()
+
+
+def test_a_state_subclass_writes_and_reads_its_own_checkpoint(elastic_run, tmp_path):
+    """tests/python/workers/own_state.py: an elastic.State subclass with checkpoint_files()
+    and load_checkpoint(); killed whole after a checkpoint and started again, it resumes (its
+    file is what it wrote) and ends with the sum of every step once."""
+    worker = [PY, str(pathlib.Path(__file__).parent / "workers" / "own_state.py"), "400"]
+    folder, log, marker = tmp_path / "ck", str(tmp_path / "events.jsonl"), uuid.uuid4().hex
+    job = Job([elastic_run, "-np", "2", "--event-log", log] + ckpt_args(folder, "0.2") + worker,
+              env=marked_env(marker))
+    try:
+        written = wait_event(log, lambda e: e["event"] == "checkpoint_written" and
+                             e["version"] >= 20, timeout=60)
+        assert job.proc.poll() is None, job.text()
+    finally:
+        job.kill()
+    job.wait(timeout=30)
+    wait_gone(marker)
+    text = (pathlib.Path(written["path"]) / "value.sum.txt").read_text().split()
+    assert int(text[1]) == written["version"] and int(text[0]) == sum(range(1, int(text[1]) + 1))
+    rc, out = run([elastic_run, "-np", "2"] + ckpt_args(folder, "0.2") + worker, timeout=120)
+    assert rc == 0, out
+    assert "resuming from checkpoint version" in out, out
+    assert f"own state: total {sum(range(1, 401))} after 400 steps" in out, out
