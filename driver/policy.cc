@@ -385,12 +385,29 @@ void Policy::OnLaunchFailed(const std::string& slot, const Status& why) {
 
 std::vector<std::string> Policy::FinishingMembers() const {
   // A round proposed but not formed when the members finished never trained: its newcomers
-  // (a new worker, a promoted spare) wait in their join and are stopped with the job.
+  // (a new worker, a promoted spare, a relaunch of a lost member's slot) wait in their join
+  // and are stopped with the job. Only the processes that joined the formed round count.
   if (!started_ || round_ == formed_) return members_;
   std::vector<std::string> out;
   for (const auto& slot : members_) {
-    if (std::find(formed_members_.begin(), formed_members_.end(), slot) !=
+    if (std::find(formed_members_.begin(), formed_members_.end(), slot) ==
         formed_members_.end()) {
+      continue;
+    }
+    auto it = workers_.find(slot);
+    if (it != workers_.end() && it->second.round == formed_) out.push_back(slot);
+  }
+  return out;
+}
+
+std::vector<std::string> Policy::LostFormedMembers() const {
+  // Slots of the formed round whose process there is gone, its place now a newer process.
+  std::vector<std::string> out;
+  if (!started_ || round_ == formed_) return out;
+  for (const auto& slot : formed_members_) {
+    auto it = workers_.find(slot);
+    if (it != workers_.end() && it->second.round != formed_ && !it->second.leaving &&
+        !it->second.removed && IsMember(slot)) {
       out.push_back(slot);
     }
   }
@@ -405,6 +422,17 @@ void Policy::CheckFinished() {
     if (it != workers_.end() && it->second.running) return;
   }
   std::string which = started_ ? " of round " + std::to_string(formed_) : "";
+  std::vector<std::string> lost = LostFormedMembers();
+  if (!lost.empty()) {
+    // Its peers are done: no round will form for the relaunched process, and whether the
+    // lost one finished its own end of training (a save, its last report) is unknown.
+    ++failures_;
+    Terminate(1, fmt::format("{} worker(s){} finished, but the worker of slot(s) [{}] was lost "
+                             "before it finished (its peers, done, cannot train with a new "
+                             "process)",
+                             finishing.size(), which, fmt::join(lost, " ")));
+    return;
+  }
   Terminate(0, "success: all " + std::to_string(finishing.size()) + " workers" + which +
                    " finished");
 }

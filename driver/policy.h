@@ -170,6 +170,8 @@ class Policy {
   void CheckExitHang();
   // The members whose exits finish the job: those of the formed round that are still members.
   std::vector<std::string> FinishingMembers() const;
+  // Slots of the formed round whose process there was lost and relaunched for a later round.
+  std::vector<std::string> LostFormedMembers() const;
   // The worker_hung event for `w`, with `why`.
   void HungEvent(const Worker& w, const std::string& why);
   // When every member of the formed round has reported a failure of its own there (the same

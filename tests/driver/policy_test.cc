@@ -1117,6 +1117,31 @@ TEST_CASE("policy: a scaled-away worker lost while its old round still runs abor
   CHECK(aborted == std::vector<std::string>{"a:0", "a:1"});
 }
 
+TEST_CASE("policy: a member lost at the end of training, its peers then finishing, ends the job "
+          "at once", "[unit]") {
+  // PyTorch namespace soak (seed 933977357, job 14): two ranks were killed just after the last
+  // step, their slots relaunched for the next round, and the two others then finished; the
+  // relaunched processes waited in their joins, and the job ended with exit 1 only after the
+  // hang timeout (67 s), calling them members that never finished.
+  DriverOptions d = Discovered(4);
+  d.hang_timeout = seconds(60);
+  d.host_failure_limit = 0;
+  Job job(d);
+  job.StartFormed({{"a", 3}}, {"a:0", "a:1", "a:2"});
+  job.policy->OnExit("a:2", 137, "signal 9 (Killed)");
+  auto a = job.Take();
+  REQUIRE(Slots(a, Action::kLaunch) == std::vector<std::string>{"a:2"});  // relaunched
+  job.policy->OnExit("a:0", 0, "exit status 0");
+  job.policy->OnExit("a:1", 0, "exit status 0");
+  a = job.Take();
+  REQUIRE(job.policy->shutting_down());
+  CHECK(job.policy->exit_code() == 1);
+  CHECK_THAT(job.policy->final_message(), Catch::Contains("slot(s) [a:2]"));
+  CHECK_THAT(job.policy->final_message(), Catch::Contains("lost before it finished"));
+  CHECK(Slots(a, Action::kSignal, SIGTERM) == std::vector<std::string>{"a:2"});
+  CHECK(Events(a, "worker_hung").empty());
+}
+
 TEST_CASE("policy: a job whose members finish while a round with a newcomer is pending succeeds",
           "[unit]") {
   // Soak seed 833434529 (PyTorch, overlapping faults): the round's members finished training
