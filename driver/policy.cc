@@ -127,9 +127,10 @@ PlanInput Policy::MakePlanInput(std::vector<discovery::HostSlots> available) con
   }
   for (const auto& slot : in.spares) {
     const Worker& w = workers_.at(slot);
-    if (w.watches == 0 || w.heard_at == TimePoint{} || Now() - w.heard_at > kSilence) {
-      in.silent.insert(slot);
-    }
+    bool silent = w.watches > 0
+                      ? w.heard_at != TimePoint{} && Now() - w.heard_at > kSilence
+                      : Now() - w.launched_at > kSpareStart;  // never connected
+    if (silent) in.silent.insert(slot);
   }
   return in;
 }
@@ -345,6 +346,7 @@ void Policy::TopUpSpares(const std::vector<std::string>& plan) {
 
 void Policy::Launch(Worker& w, int rank, bool spare) {
   w.running = true;
+  w.launched_at = Now();
   w.spare = spare;
   w.dropped = w.removed = w.finished = w.leaving = false;
   w.lost_at = TimePoint::max();

@@ -151,6 +151,7 @@ class Policy {
     int64_t logged_round = -1;  // the round of its last `committed` event
     // From its newest report of any kind (a heartbeat comes every second).
     TimePoint heard_at{};
+    TimePoint launched_at{};  // when its current process was started
     TimePoint moved_at{};  // when its count of collectives last changed
     int64_t heard_round = -1;
     int64_t collectives = 0;
@@ -225,6 +226,9 @@ class Policy {
   RoundProgress CurrentProgress() const;
   // A member with no report for this long is silent (heartbeats come every second).
   static constexpr Duration kSilence = std::chrono::seconds(2);
+  // A spare not connected this long after its start is taken to be stopped or hung (one that
+  // is still starting is as good as a new process, or better).
+  static constexpr Duration kSpareStart = std::chrono::seconds(10);
   bool IsMember(const std::string& slot) const;
   void Log(Action::Level level, std::string message);
   void Event(std::string name, JsonFields fields);

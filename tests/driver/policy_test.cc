@@ -873,7 +873,9 @@ TEST_CASE("policy: a spare that never connected is not promoted while one that a
   REQUIRE(Spares(a) == std::vector<std::string>{"a:4", "a:5"});
   job.Form(0, {"a:0", "a:1", "a:2", "a:3"});
   job.Take();
-  job.Ready("a:5");  // a:4 never opened its Watch (stopped while it started)
+  job.Advance(seconds(11));  // a:4 never opened its Watch (stopped while it started)
+  job.Take();
+  job.Ready("a:5");
   job.policy->OnExit("a:1", 137, "killed by SIGKILL");
   a = job.Take();
   auto proposals = Of(a, Action::kProposeRound);
