@@ -58,7 +58,8 @@ class Listener {
   virtual void OnStateLost(const FormedRound& /*round*/) {}
   virtual void OnJoinTimeout(int64_t /*round*/, const std::vector<std::string>& /*missing*/) {}
   // A member of the formed `round` joins again (it left the round: fenced, failed to connect,
-  // rolled back): its peers there cannot complete a collective without it.
+  // rolled back, or scaled away and told so): its peers there cannot complete a collective
+  // without it.
   virtual void OnMemberLeft(int64_t /*round*/, const std::string& /*slot*/) {}
   virtual void OnReport(const Report& /*report*/) {}
   virtual void OnWatchOpened(const std::string& /*slot*/) {}
@@ -159,6 +160,9 @@ class Core {
   void TimerLoop();
   // The helpers below run with mu_ held and append callbacks to run after it is released.
   void TryForm(std::vector<Completion>* out);
+  // When `slot`, a member of the formed round, joins again from it (`last_round`): tells the
+  // listener that it left (OnMemberLeft, queued on `out`).
+  void NoteMemberLeft(const std::string& slot, int64_t last_round, std::vector<Completion>* out);
   void EraseDeadline(TimePoint deadline, WaiterId id);
   void CompleteJoin(WaiterId id, StatusOr<JoinResult> result, std::vector<Completion>* out);
   void CompleteGet(WaiterId id, StatusOr<Values> result, std::vector<Completion>* out);

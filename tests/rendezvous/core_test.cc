@@ -33,6 +33,10 @@ class RecordingListener : public Listener {
     std::lock_guard<std::mutex> g(mu);
     reports.push_back(r);
   }
+  void OnMemberLeft(int64_t round, const std::string& slot) override {
+    std::lock_guard<std::mutex> g(mu);
+    left.emplace_back(round, slot);
+  }
   bool WaitTimeout() {
     std::unique_lock<std::mutex> l(mu);
     return cv.wait_for(l, seconds(10), [&] { return timeout_round >= 0; });
@@ -45,6 +49,7 @@ class RecordingListener : public Listener {
   int64_t timeout_round = -1;
   std::vector<std::string> missing;
   std::vector<Report> reports;
+  std::vector<std::pair<int64_t, std::string>> left;  // OnMemberLeft: round, slot
 };
 
 std::map<std::string, Assignment> Members(const std::vector<std::string>& slots) {
@@ -151,6 +156,33 @@ TEST_CASE("a removed slot gets REMOVED, waiting or not", "[unit]") {
   auto later = core.Join("a:1", 0, 0, Far(core));
   REQUIRE(later.ok());
   CHECK(later->removed);
+}
+
+// Found by the namespace soak (seed 443641197, job 8): a member scaled away at a fence left
+// its round without its peers being told, and two of them, stuck in the commit agreement with
+// a third whose link was out, waited the rendezvous timeout.
+TEST_CASE("a member that is scaled away leaves its round like any other member", "[unit]") {
+  RecordingListener listener;
+  CoreOptions opts;
+  opts.listener = &listener;
+  Core core(opts);
+  FormRound(core, 0, {"a:0", "a:1", "b:0"}, -1);
+  REQUIRE(core.ProposeRound(1, Members({"a:0", "b:0"}), {"a:1"}).ok());
+  // a:1 reaches the fence's commit and joins from round 0: it is removed, and it left round 0.
+  auto removed = core.Join("a:1", 0, 5, Far(core));
+  REQUIRE(removed.ok());
+  CHECK(removed->removed);
+  {
+    std::lock_guard<std::mutex> g(listener.mu);
+    REQUIRE(listener.left.size() == 1);
+    CHECK(listener.left[0] == std::make_pair(int64_t{0}, std::string("a:1")));
+  }
+  // Asked again from an older round (a stray retry), it is only told it is removed.
+  auto again = core.Join("a:1", -1, 5, Far(core));
+  REQUIRE(again.ok());
+  CHECK(again->removed);
+  std::lock_guard<std::mutex> g(listener.mu);
+  CHECK(listener.left.size() == 1);
 }
 
 // Found by the soak with --spares: a warm spare started on a slot that an earlier round had
