@@ -86,7 +86,6 @@ class HostTable {
   std::vector<std::pair<std::string, TimePoint>> Blacklist() const;
   Duration LastCooldown() const { return last_cooldown_; }
 
- private:
   struct Entry {
     int slots = 0;
     bool listed = false;
@@ -96,6 +95,21 @@ class HostTable {
     TimePoint until;  // blacklisted until; max() = forever
     bool end_told = true;  // TakeEndedCooldowns told of `until`
   };
+  // Everything the table knows but its options, as a value (the driver's journal of its
+  // decisions saves and loads it whole; driver/policy_state.h).
+  struct State {
+    std::vector<std::string> order;
+    std::map<std::string, Entry> hosts;
+    std::string rng;  // the jitter generator's state, as std::mt19937_64 writes it
+    Duration last_cooldown{0};
+  };
+  State state() const;
+  // Replaces what the table knows with `state`; INVALID_ARGUMENT when it does not hold
+  // together (a host in `order` without an entry or the other way round, a bad generator
+  // state), the table then unchanged.
+  Status Restore(const State& state);
+
+ private:
   HostTableOptions options_;
   std::vector<std::string> order_;
   std::map<std::string, Entry> hosts_;

@@ -222,4 +222,35 @@ TimePoint HostTable::NextCooldownEnd() const {
   return next;
 }
 
+HostTable::State HostTable::state() const {
+  State s;
+  s.order = order_;
+  s.hosts = hosts_;
+  std::ostringstream rng;
+  rng << rng_;
+  s.rng = rng.str();
+  s.last_cooldown = last_cooldown_;
+  return s;
+}
+
+Status HostTable::Restore(const State& s) {
+  if (s.order.size() != s.hosts.size()) {
+    return InvalidArgument("the host table lists " + std::to_string(s.order.size()) +
+                           " host(s) in order but has " + std::to_string(s.hosts.size()) +
+                           " entries");
+  }
+  for (const auto& name : s.order) {
+    if (s.hosts.count(name) == 0) return InvalidArgument("host '" + name + "' has no entry");
+  }
+  std::mt19937_64 rng;
+  std::istringstream in(s.rng);
+  in >> rng;
+  if (in.fail()) return InvalidArgument("the host table's random generator state is not valid");
+  order_ = s.order;
+  hosts_ = s.hosts;
+  rng_ = rng;
+  last_cooldown_ = s.last_cooldown;
+  return Status::Ok();
+}
+
 }  // namespace elastic::discovery

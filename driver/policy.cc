@@ -25,6 +25,21 @@ Policy::Policy(PolicyOptions options)
       hosts_(discovery::HostTableOptions{opts_.clock, d_.host_failure_limit, d_.cooldown_min,
                                          d_.cooldown_max, opts_.seed}) {}
 
+StatusOr<std::unique_ptr<Policy>> Policy::Restore(PolicyOptions options, PolicyState state) {
+  std::unique_ptr<Policy> p(new Policy(std::move(options)));
+  Status s = p->hosts_.Restore(state.hosts);
+  if (!s.ok()) return s.WithContext("the driver's saved state");
+  state.hosts = {};
+  p->s_ = std::move(state);
+  return p;
+}
+
+PolicyState Policy::state() const {
+  PolicyState s = s_;
+  s.hosts = hosts_.state();
+  return s;
+}
+
 std::vector<Action> Policy::TakeActions() {
   std::vector<Action> out;
   out.swap(actions_);
@@ -48,33 +63,33 @@ void Policy::Event(std::string name, JsonFields fields) {
 }
 
 std::string Policy::Label(const std::string& slot) const {
-  auto it = workers_.find(slot);
-  return it != workers_.end() && it->second.rank >= 0 ? std::to_string(it->second.rank) : slot;
+  auto it = s_.workers.find(slot);
+  return it != s_.workers.end() && it->second.rank >= 0 ? std::to_string(it->second.rank) : slot;
 }
 
 bool Policy::IsMember(const std::string& slot) const {
-  return std::find(members_.begin(), members_.end(), slot) != members_.end();
+  return std::find(s_.members.begin(), s_.members.end(), slot) != s_.members.end();
 }
 
 TimePoint Policy::NextDeadline() const {
-  TimePoint next = std::min(kill_at_, wait_until_);
-  for (const auto& [slot, w] : workers_) {
+  TimePoint next = std::min(s_.kill_at, s_.wait_until);
+  for (const auto& [slot, w] : s_.workers) {
     if (w.running) next = std::min(next, w.lost_at);
   }
-  if (!shutting_down_) next = std::min(next, hosts_.NextCooldownEnd());
-  if (!shutting_down_ && finishing_) {
-    TimePoint t = finishing_at_ + HangTimeout();
+  if (!s_.shutting_down) next = std::min(next, hosts_.NextCooldownEnd());
+  if (!s_.shutting_down && s_.finishing) {
+    TimePoint t = s_.finishing_at + HangTimeout();
     if (t > Now()) next = std::min(next, t);
   }
   // Hang checks: when the round's progress runs out, and when a member would count as silent
   // (future times only: one that passed was checked already).
-  if (!shutting_down_ && !finishing_ && started_ && round_ == formed_) {
+  if (!s_.shutting_down && !s_.finishing && s_.started && s_.round == s_.formed) {
     TimePoint now = Now();
     auto consider = [&](TimePoint t) {
       if (t > now) next = std::min(next, t);
     };
-    for (const auto& slot : formed_members_) {
-      consider(workers_.at(slot).heard_at + kSilence + std::chrono::milliseconds(1));
+    for (const auto& slot : s_.formed_members) {
+      consider(s_.workers.at(slot).heard_at + kSilence + std::chrono::milliseconds(1));
     }
     RoundProgress p = CurrentProgress();
     consider(p.at + p.limit);
@@ -84,8 +99,8 @@ TimePoint Policy::NextDeadline() const {
 
 void Policy::Start(const std::vector<discovery::HostSlots>& hosts) {
   hosts_.Update(hosts);
-  last_listed_ = hosts;
-  for (const auto& h : hosts) last_listed_order_.push_back(h.host);
+  s_.last_listed = hosts;
+  for (const auto& h : hosts) s_.last_listed_order.push_back(h.host);
   std::vector<std::string> names;
   for (const auto& h : hosts) names.push_back(h.host + ":" + std::to_string(h.slots));
   Event("discovery", {{"hosts", names}, {"ok", true}});
@@ -94,12 +109,12 @@ void Policy::Start(const std::vector<discovery::HostSlots>& hosts) {
 
 PlanInput Policy::MakePlanInput(std::vector<discovery::HostSlots> available) const {
   PlanInput in;
-  in.listed = last_listed_;
+  in.listed = s_.last_listed;
   in.available = std::move(available);
-  in.host_order = last_listed_order_;
+  in.host_order = s_.last_listed_order;
   in.max_np = d_.max_np > 0 ? static_cast<size_t>(d_.max_np) : 0;
   in.keep = StateKeepers();
-  for (const auto& [slot, w] : workers_) {
+  for (const auto& [slot, w] : s_.workers) {
     if (!w.running) continue;
     if (in.keep.count(slot) && !w.dropped) {
       in.alive.insert(slot);  // a removed worker that alone holds the state stays a member
@@ -115,18 +130,18 @@ PlanInput Policy::MakePlanInput(std::vector<discovery::HostSlots> available) con
   in.need = static_cast<size_t>(d_.np);  // spares use only slots beyond -np
   // What the workers say they hold (their commit reports), not what the driver assumes.
   int64_t newest = 0;
-  for (const auto& slot : in.alive) newest = std::max(newest, workers_.at(slot).version);
+  for (const auto& slot : in.alive) newest = std::max(newest, s_.workers.at(slot).version);
   if (newest > 0) {
     for (const auto& slot : in.alive) {
-      if (workers_.at(slot).version == newest) in.holders.insert(slot);
+      if (s_.workers.at(slot).version == newest) in.holders.insert(slot);
     }
   }
   for (const auto& slot : in.alive) {
-    const Worker& w = workers_.at(slot);
+    const Worker& w = s_.workers.at(slot);
     if (w.heard_at != TimePoint{} && Now() - w.heard_at > kSilence) in.silent.insert(slot);
   }
   for (const auto& slot : in.spares) {
-    const Worker& w = workers_.at(slot);
+    const Worker& w = s_.workers.at(slot);
     bool silent = w.watches > 0
                       ? w.heard_at != TimePoint{} && Now() - w.heard_at > kSilence
                       : Now() - w.launched_at > kSpareStart;  // never connected
@@ -142,10 +157,10 @@ std::set<std::string> Policy::StateKeepers() const {
   // over in that round's sync, and goes once a listed member has committed as new a version.
   int64_t newest = 0, listed_newest = 0;
   std::vector<const Worker*> unlisted;
-  for (const auto& [slot, w] : workers_) {
+  for (const auto& [slot, w] : s_.workers) {
     if (!w.running || w.dropped || w.leaving || w.spare || w.finished) continue;
     newest = std::max(newest, w.version);
-    if (SlotListed(last_listed_, slot) && !w.removed) {
+    if (SlotListed(s_.last_listed, slot) && !w.removed) {
       listed_newest = std::max(listed_newest, w.version);
     } else {
       unlisted.push_back(&w);
@@ -156,7 +171,7 @@ std::set<std::string> Policy::StateKeepers() const {
   // exits at its next join, whatever a later round wants), then the one kept before.
   const Worker* pick = nullptr;
   auto rank = [&](const Worker* w) {
-    return std::make_pair(w->removed ? 1 : 0, kept_.count(w->slot) ? 0 : 1);
+    return std::make_pair(w->removed ? 1 : 0, s_.kept.count(w->slot) ? 0 : 1);
   };
   for (const Worker* w : unlisted) {
     if (w->version != newest) continue;
@@ -176,13 +191,13 @@ bool Policy::CanEverReach(size_t need) const {
 }
 
 void Policy::Replan(const std::string& reason) {
-  if (shutting_down_ || finishing_) return;
+  if (s_.shutting_down || s_.finishing) return;
   PlanInput in = MakePlanInput(hosts_.Available());
   auto alive = [&](const std::string& slot) { return in.alive.count(slot) > 0; };
   std::vector<std::string> plan = PlanMembers(in);
   for (const auto& slot : in.keep) {
-    if (kept_.count(slot)) continue;
-    const Worker& w = workers_.at(slot);
+    if (s_.kept.count(slot)) continue;
+    const Worker& w = s_.workers.at(slot);
     Log(Action::kWarn,
         fmt::format("slot {} is to go (host {} no longer lists it, or the job scales down), "
                     "but its worker alone holds the newest state (version {}): it stays a "
@@ -190,10 +205,10 @@ void Policy::Replan(const std::string& reason) {
                     slot, w.host, w.version));
     Event("holder_kept", {{"slot", slot}, {"version", w.version}});
   }
-  kept_ = in.keep;
-  size_t need = static_cast<size_t>(started_ ? d_.min_np : d_.np);
+  s_.kept = in.keep;
+  size_t need = static_cast<size_t>(s_.started ? d_.min_np : d_.np);
   if (plan.size() < need) {
-    std::string needed = started_ ? "--min-np " + std::to_string(d_.min_np)
+    std::string needed = s_.started ? "--min-np " + std::to_string(d_.min_np)
                                   : "-np " + std::to_string(d_.np);
     if (!CanEverReach(need)) {
       Terminate(1, "no hosts left: " + std::to_string(plan.size()) + " worker(s) can run, " +
@@ -203,18 +218,18 @@ void Policy::Replan(const std::string& reason) {
     }
     // A proposed round that lost a member cannot form: it is withdrawn, so that no one waits
     // for it (its members' Joins wait for the next round).
-    if (round_ > formed_ && round_broken_ && withdrawn_ < round_) {
-      withdrawn_ = round_;
+    if (s_.round > s_.formed && s_.round_broken && s_.withdrawn < s_.round) {
+      s_.withdrawn = s_.round;
       Action a;
       a.kind = Action::kWithdrawRound;
-      a.round = round_;
+      a.round = s_.round;
       Emit(std::move(a));
-      Event("round_withdrawn", {{"round", round_}, {"reason", reason}});
-      Log(Action::kWarn, fmt::format("round {} withdrawn ({})", round_, reason));
+      Event("round_withdrawn", {{"round", s_.round}, {"reason", reason}});
+      Log(Action::kWarn, fmt::format("round {} withdrawn ({})", s_.round, reason));
     }
-    if (wait_until_ == TimePoint::max()) {
-      Duration limit = started_ ? d_.elastic_timeout : d_.start_timeout;
-      wait_until_ = Now() + limit;
+    if (s_.wait_until == TimePoint::max()) {
+      Duration limit = s_.started ? d_.elastic_timeout : d_.start_timeout;
+      s_.wait_until = Now() + limit;
       Log(Action::kWarn,
           fmt::format("{} slot(s) available, {} needed ({}); waiting up to {:.0f} s for hosts",
                       plan.size(), need, reason, Secs(limit)));
@@ -222,48 +237,48 @@ void Policy::Replan(const std::string& reason) {
     }
     return;
   }
-  wait_until_ = TimePoint::max();
-  if (plan == members_ && round_ >= 0 && !round_broken_) {  // nothing to change
+  s_.wait_until = TimePoint::max();
+  if (plan == s_.members && s_.round >= 0 && !s_.round_broken) {  // nothing to change
     TopUpSpares(plan);
     return;
   }
   for (const auto& slot : plan) {
-    auto it = workers_.find(slot);
-    if (it == workers_.end() || !it->second.removed) continue;
+    auto it = s_.workers.find(slot);
+    if (it == s_.workers.end() || !it->second.removed) continue;
     Worker& w = it->second;
     // Told to go in an earlier proposal and kept now: if the removal reached it first, it
     // exits 0 at its next Join; that exit is then a departure, not the end of training.
     w.removed = false;
     w.rescued = true;
   }
-  round_broken_ = false;
-  if (round_ >= 0) {
-    if (d_.reset_limit >= 0 && resets_ >= d_.reset_limit) {
+  s_.round_broken = false;
+  if (s_.round >= 0) {
+    if (d_.reset_limit >= 0 && s_.resets >= d_.reset_limit) {
       Terminate(1, "reset limit reached (" + std::to_string(d_.reset_limit) +
                        " resets; raise --reset-limit to allow more)");
       return;
     }
-    ++resets_;
+    ++s_.resets;
   }
-  std::vector<std::string> old = members_;
-  int64_t old_round = round_;
-  members_ = plan;
-  ++round_;
+  std::vector<std::string> old = s_.members;
+  int64_t old_round = s_.round;
+  s_.members = plan;
+  ++s_.round;
   // Planned ranks; rank 0 and whether a sync is needed are settled when the round forms, from
   // the versions the members say they hold.
   Action propose;
   propose.kind = Action::kProposeRound;
-  propose.round = round_;
+  propose.round = s_.round;
   propose.assignments = AssignRanks(plan, false);
-  for (auto& [slot, w] : workers_) {
+  for (auto& [slot, w] : s_.workers) {
     if (alive(slot) && !IsMember(slot)) {
       propose.removed.push_back(slot);
       w.removed = true;
     }
   }
-  Log(Action::kInfo, fmt::format("round {}: {} worker(s) [{}] ({})", round_, plan.size(),
+  Log(Action::kInfo, fmt::format("round {}: {} worker(s) [{}] ({})", s_.round, plan.size(),
                                  fmt::join(plan, " "), reason));
-  Event("round_proposed", {{"round", round_},
+  Event("round_proposed", {{"round", s_.round},
                            {"members", plan},
                            {"removed", propose.removed},
                            {"reason", reason}});
@@ -272,7 +287,7 @@ void Policy::Replan(const std::string& reason) {
   // were told to abort it have stopped already: the fence would be a second message to each,
   // sent by a driver that then has the next round to serve (at 128 workers the two loops of
   // publishes took 0.15-0.25 s of its time).
-  const bool all_aborted = old_round >= 0 && old_round == formed_ && aborted_ == formed_;
+  const bool all_aborted = old_round >= 0 && old_round == s_.formed && s_.aborted == s_.formed;
   for (const auto& slot : old) {
     if (alive(slot) && !all_aborted) {
       Action a;
@@ -289,10 +304,10 @@ void Policy::Replan(const std::string& reason) {
     if (in.spares.count(slot)) {
       // A warm spare takes the place: its Join is waiting already, no process starts.
       w.spare = false;
-      w.round = round_;
+      w.round = s_.round;
       w.rank = static_cast<int>(rank);
-      Log(Action::kInfo, fmt::format("round {}: the spare in slot {} takes a place", round_, slot));
-      Event("spare_promoted", {{"slot", slot}, {"round", round_}});
+      Log(Action::kInfo, fmt::format("round {}: the spare in slot {} takes a place", s_.round, slot));
+      Event("spare_promoted", {{"slot", slot}, {"round", s_.round}});
     } else if (!alive(slot)) {
       Launch(w, static_cast<int>(rank));
     }
@@ -309,7 +324,7 @@ void Policy::SignalSlot(const std::string& slot, int signal) {
 }
 
 Policy::Worker& Policy::WorkerFor(const std::string& slot) {
-  Worker& w = workers_[slot];
+  Worker& w = s_.workers[slot];
   if (w.slot.empty()) {
     w.slot = slot;
     w.host = rendezvous::Slot::Parse(slot).host;
@@ -319,24 +334,24 @@ Policy::Worker& Policy::WorkerFor(const std::string& slot) {
 }
 
 void Policy::TopUpSpares(const std::vector<std::string>& plan) {
-  if (d_.spares <= 0 || shutting_down_ || finishing_) return;
+  if (d_.spares <= 0 || s_.shutting_down || s_.finishing) return;
   int have = 0;
-  for (auto& [slot, w] : workers_) {
+  for (auto& [slot, w] : s_.workers) {
     if (!w.running || !w.spare || w.dropped || w.removed) continue;
-    if (!SlotListed(last_listed_, slot)) {  // its host (or slot) is unlisted: the spare goes
+    if (!SlotListed(s_.last_listed, slot)) {  // its host (or slot) is unlisted: the spare goes
       w.dropped = true;
       SignalSlot(slot, SIGTERM);
       continue;
     }
     ++have;
   }
-  if (spare_failures_ > d_.spares + 2) return;  // they keep failing: said once, below
+  if (s_.spare_failures > d_.spares + 2) return;  // they keep failing: said once, below
   for (const auto& h : hosts_.Available()) {
     for (int i = 0; i < h.slots && have < d_.spares; ++i) {
       std::string slot = Slot{h.host, i}.ToString();
       if (std::find(plan.begin(), plan.end(), slot) != plan.end()) continue;
-      auto it = workers_.find(slot);
-      if (it != workers_.end() && it->second.running) continue;
+      auto it = s_.workers.find(slot);
+      if (it != s_.workers.end() && it->second.running) continue;
       Launch(WorkerFor(slot), -1, /*spare=*/true);
       Log(Action::kInfo, fmt::format("starting a warm spare in slot {}", slot));
       ++have;
@@ -352,7 +367,7 @@ void Policy::Launch(Worker& w, int rank, bool spare) {
   w.lost_at = TimePoint::max();
   w.stale_closes += w.watches;
   w.watches = 0;
-  w.round = spare ? -1 : round_;  // a spare is in no round until it takes a place
+  w.round = spare ? -1 : s_.round;  // a spare is in no round until it takes a place
   w.rank = spare ? -1 : rank;
   w.step = -1;
   w.rescued = false;
@@ -366,19 +381,19 @@ void Policy::Launch(Worker& w, int rank, bool spare) {
 }
 
 void Policy::OnLaunched(const std::string& slot, int64_t pid) {
-  auto it = workers_.find(slot);
-  if (it == workers_.end()) return;
+  auto it = s_.workers.find(slot);
+  if (it == s_.workers.end()) return;
   it->second.pid = pid;
   Event("worker_started", {{"slot", slot}, {"pid", pid}, {"spare", it->second.spare}});
 }
 
 void Policy::OnLaunchFailed(const std::string& slot, const Status& why) {
-  auto it = workers_.find(slot);
-  if (it == workers_.end()) return;
+  auto it = s_.workers.find(slot);
+  if (it == s_.workers.end()) return;
   Worker& w = it->second;
   w.running = false;
   w.dropped = true;
-  ++failures_;
+  ++s_.failures;
   Log(Action::kError,
       fmt::format("cannot start the worker for slot {}: {}", slot, why.message()));
   Event("worker_start_failed", {{"slot", slot}, {"error", why.message()}});
@@ -389,15 +404,15 @@ std::vector<std::string> Policy::FinishingMembers() const {
   // A round proposed but not formed when the members finished never trained: its newcomers
   // (a new worker, a promoted spare, a relaunch of a lost member's slot) wait in their join
   // and are stopped with the job. Only the processes that joined the formed round count.
-  if (!started_ || round_ == formed_) return members_;
+  if (!s_.started || s_.round == s_.formed) return s_.members;
   std::vector<std::string> out;
-  for (const auto& slot : members_) {
-    if (std::find(formed_members_.begin(), formed_members_.end(), slot) ==
-        formed_members_.end()) {
+  for (const auto& slot : s_.members) {
+    if (std::find(s_.formed_members.begin(), s_.formed_members.end(), slot) ==
+        s_.formed_members.end()) {
       continue;
     }
-    auto it = workers_.find(slot);
-    if (it != workers_.end() && it->second.round == formed_) out.push_back(slot);
+    auto it = s_.workers.find(slot);
+    if (it != s_.workers.end() && it->second.round == s_.formed) out.push_back(slot);
   }
   return out;
 }
@@ -405,10 +420,10 @@ std::vector<std::string> Policy::FinishingMembers() const {
 std::vector<std::string> Policy::LostFormedMembers() const {
   // Slots of the formed round whose process there is gone, its place now a newer process.
   std::vector<std::string> out;
-  if (!started_ || round_ == formed_) return out;
-  for (const auto& slot : formed_members_) {
-    auto it = workers_.find(slot);
-    if (it != workers_.end() && it->second.round != formed_ && !it->second.leaving &&
+  if (!s_.started || s_.round == s_.formed) return out;
+  for (const auto& slot : s_.formed_members) {
+    auto it = s_.workers.find(slot);
+    if (it != s_.workers.end() && it->second.round != s_.formed && !it->second.leaving &&
         !it->second.removed && IsMember(slot)) {
       out.push_back(slot);
     }
@@ -417,18 +432,18 @@ std::vector<std::string> Policy::LostFormedMembers() const {
 }
 
 void Policy::CheckFinished() {
-  if (shutting_down_ || !finishing_) return;
+  if (s_.shutting_down || !s_.finishing) return;
   std::vector<std::string> finishing = FinishingMembers();
   for (const auto& slot : finishing) {
-    auto it = workers_.find(slot);
-    if (it != workers_.end() && it->second.running) return;
+    auto it = s_.workers.find(slot);
+    if (it != s_.workers.end() && it->second.running) return;
   }
-  std::string which = started_ ? " of round " + std::to_string(formed_) : "";
+  std::string which = s_.started ? " of round " + std::to_string(s_.formed) : "";
   std::vector<std::string> lost = LostFormedMembers();
   if (!lost.empty()) {
     // Its peers are done: no round will form for the relaunched process, and whether the
     // lost one finished its own end of training (a save, its last report) is unknown.
-    ++failures_;
+    ++s_.failures;
     Terminate(1, fmt::format("{} worker(s){} finished, but the worker of slot(s) [{}] was lost "
                              "before it finished (its peers, done, cannot train with a new "
                              "process)",
@@ -440,8 +455,8 @@ void Policy::CheckFinished() {
 }
 
 void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
-  auto it = workers_.find(slot);
-  if (it == workers_.end()) return;
+  auto it = s_.workers.find(slot);
+  if (it == s_.workers.end()) return;
   Worker& w = it->second;
   w.running = false;
   w.lost_at = TimePoint::max();
@@ -451,14 +466,14 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
                           {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()},
                           {"round", w.round},
                           {"status", how}});
-  if (shutting_down_) return;
+  if (s_.shutting_down) return;
   if (w.leaving) {
     Log(Action::kInfo, fmt::format("worker {} (slot {}) left the job: {}", rank, slot, how));
     return;
   }
   if (w.exit_hung) {
     if (!w.finished) {
-      ++failures_;
+      ++s_.failures;
       Terminate(1, fmt::format("worker {} (slot {}, host {}) neither finished training nor "
                                "exited after its peers finished; it was killed ({})",
                                rank, slot, w.host, how));
@@ -478,11 +493,11 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
     // A spare that ends before taking a place: nothing of the job is lost; another starts,
     // unless they keep failing.
     w.spare = false;
-    ++spare_failures_;  // a spare never ends on its own: even exit 0 is a failure of it
+    ++s_.spare_failures;  // a spare never ends on its own: even exit 0 is a failure of it
     Log(Action::kWarn, fmt::format("the spare in slot {} exited: {}", slot, how));
-    if (spare_failures_ == d_.spares + 3) {
+    if (s_.spare_failures == d_.spares + 3) {
       Log(Action::kWarn, fmt::format("{} spares failed before taking a place; no more spares "
-                                     "are started", spare_failures_));
+                                     "are started", s_.spare_failures));
     }
     Replan("the spare in slot " + slot + " exited");
     return;
@@ -498,26 +513,26 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
     Log(Action::kWarn, fmt::format("worker {} (slot {}) was kept for the state it holds, but "
                                    "had been told to leave already: {}",
                                    rank, slot, how));
-    round_broken_ = true;
-    members_.erase(std::remove(members_.begin(), members_.end(), slot), members_.end());
+    s_.round_broken = true;
+    s_.members.erase(std::remove(s_.members.begin(), s_.members.end(), slot), s_.members.end());
     AbortFormedRound(slot, "slot " + slot + " left");
     Replan("slot " + slot + " left");
     return;
   }
   if (code == 0) {
-    if (!started_ && failures_ > 0) {
+    if (!s_.started && s_.failures > 0) {
       // Nothing was trained: the worker ended before any round formed, and others failed.
       Terminate(1, fmt::format("worker {} (slot {}) exited 0 before round {} formed, after {} "
                                "worker failure(s); no round ever formed",
-                               rank, slot, round_, failures_));
+                               rank, slot, s_.round, s_.failures));
       return;
     }
-    if (!finishing_) {
+    if (!s_.finishing) {
       Log(Action::kInfo, fmt::format("worker {} finished; the job is finishing", rank));
-      finisher_ = slot;
-      finishing_at_ = Now();
+      s_.finisher = slot;
+      s_.finishing_at = Now();
     }
-    finishing_ = true;
+    s_.finishing = true;
     CheckFinished();
     return;
   }
@@ -528,8 +543,8 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
     what += " (ssh could not run the worker: the host is unreachable or refused the login; "
             "ssh's own message is in the worker's stderr above)";
   }
-  if (!d_.elastic || finishing_) {
-    ++failures_;
+  if (!d_.elastic || s_.finishing) {
+    ++s_.failures;
     Terminate(code, what);
     return;
   }
@@ -538,19 +553,19 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
 }
 
 bool Policy::EndIfEveryMemberFailed() {
-  if (shutting_down_ || !d_.elastic || formed_ < 0 || formed_members_.empty()) return false;
+  if (s_.shutting_down || !d_.elastic || s_.formed < 0 || s_.formed_members.empty()) return false;
   if (d_.max_failures >= 0 || d_.reset_limit >= 0) return false;
-  for (const auto& slot : formed_members_) {
-    auto it = workers_.find(slot);
-    if (it == workers_.end() || it->second.failed_round != formed_) return false;
+  for (const auto& slot : s_.formed_members) {
+    auto it = s_.workers.find(slot);
+    if (it == s_.workers.end() || it->second.failed_round != s_.formed) return false;
   }
   // The first of them to report, for the message.
   const Worker* first = nullptr;
-  for (const auto& slot : failure_order_) {
-    auto it = workers_.find(slot);
-    if (it != workers_.end() && it->second.failed_round == formed_ &&
-        std::find(formed_members_.begin(), formed_members_.end(), slot) !=
-            formed_members_.end()) {
+  for (const auto& slot : s_.failure_order) {
+    auto it = s_.workers.find(slot);
+    if (it != s_.workers.end() && it->second.failed_round == s_.formed &&
+        std::find(s_.formed_members.begin(), s_.formed_members.end(), slot) !=
+            s_.formed_members.end()) {
       first = &it->second;
       break;
     }
@@ -558,14 +573,14 @@ bool Policy::EndIfEveryMemberFailed() {
   if (first == nullptr) return false;
   std::string message = first->failure;
   if (message.size() > 2000) message = message.substr(0, 2000) + "...";
-  Event("round_failed", {{"round", formed_},
-                         {"size", int64_t(formed_members_.size())},
+  Event("round_failed", {{"round", s_.formed},
+                         {"size", int64_t(s_.formed_members.size())},
                          {"slot", first->slot},
                          {"message", message}});
   Terminate(1, fmt::format("every worker of round {} ({} of them) failed in its own code; the "
                            "first, worker {} (slot {}, host {}): {} (relaunching would fail "
                            "the same way; --max-failures N or --reset-limit N allow retries)",
-                           formed_, formed_members_.size(), first->rank, first->slot,
+                           s_.formed, s_.formed_members.size(), first->rank, first->slot,
                            first->host, message));
   return true;
 }
@@ -573,12 +588,12 @@ bool Policy::EndIfEveryMemberFailed() {
 void Policy::LoseWorker(Worker& w, const std::string& what) {
   const std::string slot = w.slot;
   const std::string rank = Label(slot);
-  ++failures_;
+  ++s_.failures;
   Log(Action::kWarn, what + "; recovering");
   w.dropped = true;
-  round_broken_ = true;
-  recovery_start_ = Now();
-  recovering_ = true;
+  s_.round_broken = true;
+  s_.recovery_start = Now();
+  s_.recovering = true;
   Event("worker_lost", {{"slot", slot}, {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()}, {"phase", "detect"}});
   // Fail the survivors' collectives at once (a silent peer would otherwise cost a timeout):
   // the abort names the formed round the worker was in, so that its peers there fail
@@ -586,9 +601,9 @@ void Policy::LoseWorker(Worker& w, const std::string& what) {
   // soon as they are in it. A worker that was only in a proposed round has no peers yet:
   // the members of the formed round are fenced by the new proposal, and roll nothing back.
   AbortFormedRound(slot, what);
-  Event("recovery_phase", {{"phase", "fence"}, {"seconds", Secs(Now() - recovery_start_)}});
+  Event("recovery_phase", {{"phase", "fence"}, {"seconds", Secs(Now() - s_.recovery_start)}});
   RecordHostFailure(w, what);
-  if (d_.max_failures >= 0 && failures_ > d_.max_failures) {
+  if (d_.max_failures >= 0 && s_.failures > d_.max_failures) {
     Terminate(1, what + "; too many failures (--max-failures " +
                      std::to_string(d_.max_failures) + ")");
     return;
@@ -597,9 +612,9 @@ void Policy::LoseWorker(Worker& w, const std::string& what) {
 }
 
 void Policy::RecordHostFailure(const Worker& w, const std::string& what) {
-  auto it = incident_round_.find(w.host);
-  if (it != incident_round_.end() && w.round <= it->second) return;  // the same incident
-  incident_round_[w.host] = w.round;
+  auto it = s_.incident_round.find(w.host);
+  if (it != s_.incident_round.end() && w.round <= it->second) return;  // the same incident
+  s_.incident_round[w.host] = w.round;
   if (!hosts_.RecordFailure(w.host)) return;
   bool forever = hosts_.LastCooldown() == Duration::max();
   Log(Action::kWarn, fmt::format("host {} is blacklisted{} ({})", w.host,
@@ -612,8 +627,8 @@ void Policy::RecordHostFailure(const Worker& w, const std::string& what) {
 }
 
 void Policy::OnReport(const rendezvous::Report& r) {
-  auto it = workers_.find(r.slot);
-  if (it == workers_.end()) return;
+  auto it = s_.workers.find(r.slot);
+  if (it == s_.workers.end()) return;
   Worker& w = it->second;
   // Collectives started count as progress too: a program that never commits but keeps
   // running collectives is not hung.
@@ -643,8 +658,8 @@ void Policy::OnReport(const rendezvous::Report& r) {
       if (w.failed_round != r.round) {
         w.failed_round = r.round;
         w.failure = r.message;
-        failure_order_.push_back(r.slot);
-        if (failure_order_.size() > 4096) failure_order_.erase(failure_order_.begin());
+        s_.failure_order.push_back(r.slot);
+        if (s_.failure_order.size() > 4096) s_.failure_order.erase(s_.failure_order.begin());
       }
       EndIfEveryMemberFailed();
       break;
@@ -657,8 +672,8 @@ void Policy::OnReport(const rendezvous::Report& r) {
       OnCheckpointReport(w, r);
       break;
     case rendezvous::ReportKind::kCommitted:
-      if (w.step >= 0 && r.step > w.step && w.commit_at > formed_at_ && r.round == formed_) {
-        longest_interval_ = std::max(longest_interval_, (Now() - w.commit_at) / (r.step - w.step));
+      if (w.step >= 0 && r.step > w.step && w.commit_at > s_.formed_at && r.round == s_.formed) {
+        s_.longest_interval = std::max(s_.longest_interval, (Now() - w.commit_at) / (r.step - w.step));
         double secs = Secs(Now() - w.commit_at);
         if (secs > 0) w.rate = static_cast<double>(r.step - w.step) / secs;
       }
@@ -668,15 +683,15 @@ void Policy::OnReport(const rendezvous::Report& r) {
       w.epoch_size = r.epoch_size;
       w.step = r.step;
       w.version = r.version;
-      if (!first_commit_logged_ && r.round == formed_) {
-        first_commit_logged_ = true;
-        if (recovering_) {
+      if (!s_.first_commit_logged && r.round == s_.formed) {
+        s_.first_commit_logged = true;
+        if (s_.recovering) {
           // The worker's own phases (durations) ride on its first commit report.
           Event("recovery_phase", {{"phase", "rebuild"}, {"duration", r.rebuild_seconds}});
           Event("recovery_phase", {{"phase", "sync"}, {"duration", r.sync_seconds}});
           Event("recovery_phase",
-                {{"phase", "first_step"}, {"seconds", Secs(Now() - recovery_start_)}});
-          recovering_ = false;
+                {{"phase", "first_step"}, {"seconds", Secs(Now() - s_.recovery_start)}});
+          s_.recovering = false;
         }
       }
       w.commit_at = Now();
@@ -693,19 +708,19 @@ void Policy::OnReport(const rendezvous::Report& r) {
                             {"cursor", known(r.cursor)},
                             {"samples", known(r.samples)}});
       }
-      if (finishing_ && !finisher_.empty()) {
-        const Worker& f = workers_.at(finisher_);
+      if (s_.finishing && !s_.finisher.empty()) {
+        const Worker& f = s_.workers.at(s_.finisher);
         if (r.step > f.step && f.step >= 0) {
           Terminate(1, fmt::format("worker {} (slot {}) finished training after step {}, but "
                                    "slot {} went on to step {}: every rank must stop after the "
                                    "same step (see docs/recovery.md, \"Stopping\")",
-                                   Label(finisher_), finisher_, f.step, r.slot, r.step));
+                                   Label(s_.finisher), s_.finisher, f.step, r.slot, r.step));
         }
       }
-      if (!kept_.empty() && !kept_.count(r.slot) && StateKeepers().empty()) {
+      if (!s_.kept.empty() && !s_.kept.count(r.slot) && StateKeepers().empty()) {
         Log(Action::kInfo, fmt::format("slot {} committed version {}: the state is handed over; "
                                        "slot(s) [{}] of unlisted hosts can go",
-                                       r.slot, r.version, fmt::join(kept_, " ")));
+                                       r.slot, r.version, fmt::join(s_.kept, " ")));
         Replan("the state was handed over");
       }
       break;
@@ -715,14 +730,14 @@ void Policy::OnReport(const rendezvous::Report& r) {
 void Policy::OnCheckpointReport(const Worker& w, const rendezvous::Report& r) {
   auto known = [](int64_t v) { return v >= 0 ? JsonValue(v) : JsonValue(); };
   if (r.kind == rendezvous::ReportKind::kCheckpointed) {
-    if (r.version <= checkpoint_version_) return;  // an older rank 0's, late
-    checkpoint_version_ = r.version;
-    checkpoint_step_ = r.step;
-    checkpoint_seconds_ = r.seconds;
-    checkpoint_path_ = r.message;
-    if (!checkpoint_error_.empty()) {
+    if (r.version <= s_.checkpoint_version) return;  // an older rank 0's, late
+    s_.checkpoint_version = r.version;
+    s_.checkpoint_step = r.step;
+    s_.checkpoint_seconds = r.seconds;
+    s_.checkpoint_path = r.message;
+    if (!s_.checkpoint_error.empty()) {
       Log(Action::kInfo, "checkpoints are written again");
-      checkpoint_error_.clear();
+      s_.checkpoint_error.clear();
     }
     Log(Action::kDebug, fmt::format("checkpoint of version {} written to {} in {:.3f} s",
                                     r.version, r.message, r.seconds));
@@ -735,7 +750,7 @@ void Policy::OnCheckpointReport(const Worker& w, const rendezvous::Report& r) {
     return;
   }
   if (r.kind == rendezvous::ReportKind::kCheckpointFailed) {
-    ++checkpoint_failures_;
+    ++s_.checkpoint_failures;
     Event("checkpoint_failed", {{"slot", r.slot}, {"version", r.version}, {"message", r.message}});
     // Said once per cause (the text after the last ": ", e.g. "No space left on device"; the
     // paths before it differ from version to version), not every interval.
@@ -743,8 +758,8 @@ void Policy::OnCheckpointReport(const Worker& w, const rendezvous::Report& r) {
       size_t colon = m.rfind(": ");
       return colon == std::string::npos ? m : m.substr(colon + 2);
     };
-    bool said = !checkpoint_error_.empty() && cause(checkpoint_error_) == cause(r.message);
-    checkpoint_error_ = r.message;
+    bool said = !s_.checkpoint_error.empty() && cause(s_.checkpoint_error) == cause(r.message);
+    s_.checkpoint_error = r.message;
     if (!said) {
       Log(Action::kWarn, fmt::format("checkpoint of version {} failed on slot {} ({}): {}; "
                                      "training goes on",
@@ -753,9 +768,9 @@ void Policy::OnCheckpointReport(const Worker& w, const rendezvous::Report& r) {
     return;
   }
   // kRestored: rank 0 of a round without a commit looked for a checkpoint.
-  bool lost = restore_round_ == r.round;
+  bool lost = s_.restore_round == r.round;
   if (r.version > 0) {
-    int64_t steps_lost = lost ? std::max<int64_t>(0, lost_committed_ - r.version) : 0;
+    int64_t steps_lost = lost ? std::max<int64_t>(0, s_.lost_committed - r.version) : 0;
     Log(lost ? Action::kWarn : Action::kInfo,
         fmt::format("{} checkpoint version {} (step {}{}) from {}{}",
                     lost ? "state restored from" : "resuming from", r.version, r.step,
@@ -771,35 +786,35 @@ void Policy::OnCheckpointReport(const Worker& w, const rendezvous::Report& r) {
                              {"path", r.message},
                              {"state_lost", lost},
                              {"steps_lost", steps_lost}});
-    if (lost) restore_round_ = -1;
+    if (lost) s_.restore_round = -1;
     return;
   }
   if (!lost) {
     Log(Action::kInfo, fmt::format("{}; starting from the initial state", r.message));
     return;
   }
-  restore_round_ = -1;
+  s_.restore_round = -1;
   if (d_.start_over_if_state_lost) {
     Log(Action::kWarn, fmt::format("{}; starting over from the initial state "
                                    "(--start-over-if-state-lost)", r.message));
     return;
   }
-  Terminate(1, "state lost: commits up to version " + std::to_string(lost_committed_) +
+  Terminate(1, "state lost: commits up to version " + std::to_string(s_.lost_committed) +
                    " were made, but no worker of round " + std::to_string(r.round) +
                    " holds any (every holder is gone), and " + r.message +
                    "; pass --start-over-if-state-lost to train again from the start");
 }
 
 void Policy::OnRoundFormed(const rendezvous::FormedRound& f) {
-  if (f.round != round_) return;
-  formed_ = f.round;
-  formed_at_ = Now();
-  started_ = true;
-  members_ = f.members;  // rank order as formed: rank 0 holds the newest version
-  formed_members_ = f.members;
-  first_commit_logged_ = false;
+  if (f.round != s_.round) return;
+  s_.formed = f.round;
+  s_.formed_at = Now();
+  s_.started = true;
+  s_.members = f.members;  // rank order as formed: rank 0 holds the newest version
+  s_.formed_members = f.members;
+  s_.first_commit_logged = false;
   for (size_t i = 0; i < f.members.size(); ++i) {
-    Worker& w = workers_[f.members[i]];
+    Worker& w = s_.workers[f.members[i]];
     w.round = f.round;
     w.rank = static_cast<int>(i);
     // What the worker said it holds in its join: newer than its last report when the reports
@@ -812,8 +827,8 @@ void Policy::OnRoundFormed(const rendezvous::FormedRound& f) {
     if (f.versions[i] != f.version) behind.push_back(f.members[i]);
   }
   if (f.state_lost && !d_.checkpoint_dir.empty()) {
-    restore_round_ = f.round;
-    lost_committed_ = f.newest_committed;
+    s_.restore_round = f.round;
+    s_.lost_committed = f.newest_committed;
     Log(Action::kWarn,
         fmt::format("state lost: no worker of round {} holds a commit (the newest was version "
                     "{}); rank 0 restores the newest checkpoint from {}",
@@ -850,13 +865,13 @@ void Policy::OnRoundFormed(const rendezvous::FormedRound& f) {
                          {"versions", f.versions},
                          {"version", f.version},
                          {"sync_required", f.sync_required}});
-  if (recovering_) {
-    Event("recovery_phase", {{"phase", "rendezvous"}, {"seconds", Secs(Now() - recovery_start_)}});
+  if (s_.recovering) {
+    Event("recovery_phase", {{"phase", "rendezvous"}, {"seconds", Secs(Now() - s_.recovery_start)}});
   }
 }
 
 void Policy::OnStateLost(const rendezvous::FormedRound& f) {
-  if (f.round != round_ || shutting_down_) return;
+  if (f.round != s_.round || s_.shutting_down) return;
   Event("state_lost", {{"round", f.round},
                        {"newest_committed", f.newest_committed},
                        {"members", f.members},
@@ -868,30 +883,30 @@ void Policy::OnStateLost(const rendezvous::FormedRound& f) {
 }
 
 void Policy::OnJoinTimeout(int64_t round, const std::vector<std::string>& missing_in) {
-  if (round != round_ || shutting_down_) return;
+  if (round != s_.round || s_.shutting_down) return;
   // Members of the formed round that never came from it: fenced, they had to reach a commit
   // first, and none came. Killing them could take the only copy of the state with them, so
   // their round is aborted first (they roll back to their last commit and join), with their
   // stacks dumped to show where they were; they are dropped only if they miss the next wait.
   std::vector<std::string> stuck, missing;
   for (const auto& slot : missing_in) {
-    auto it = workers_.find(slot);
-    bool in_formed = formed_ >= 0 && formed_ < round && aborted_ < formed_ &&
-                     std::find(formed_members_.begin(), formed_members_.end(), slot) !=
-                         formed_members_.end() &&
-                     it != workers_.end() && it->second.running && !it->second.dropped;
+    auto it = s_.workers.find(slot);
+    bool in_formed = s_.formed >= 0 && s_.formed < round && s_.aborted < s_.formed &&
+                     std::find(s_.formed_members.begin(), s_.formed_members.end(), slot) !=
+                         s_.formed_members.end() &&
+                     it != s_.workers.end() && it->second.running && !it->second.dropped;
     (in_formed ? stuck : missing).push_back(slot);
   }
   if (!stuck.empty()) {
     std::string why = fmt::format(
         "slot(s) [{}] did not leave round {} for round {} within {:.0f} s (no commit since the "
         "fence)",
-        fmt::join(stuck, " "), formed_, round, Secs(d_.rendezvous_timeout));
+        fmt::join(stuck, " "), s_.formed, round, Secs(d_.rendezvous_timeout));
     Log(Action::kWarn, why + "; dumping their stacks and aborting round " +
-                           std::to_string(formed_) +
+                           std::to_string(s_.formed) +
                            ": they roll back to their last commit and get another wait");
-    Event("round_hung", {{"round", formed_}, {"seconds", Secs(Now() - formed_at_)}});
-    for (const auto& slot : stuck) DumpStacks(workers_.at(slot));
+    Event("round_hung", {{"round", s_.formed}, {"seconds", Secs(Now() - s_.formed_at)}});
+    for (const auto& slot : stuck) DumpStacks(s_.workers.at(slot));
     AbortRound("", why);
     Action again;
     again.kind = Action::kRestartWait;
@@ -903,55 +918,55 @@ void Policy::OnJoinTimeout(int64_t round, const std::vector<std::string>& missin
       fmt::format("round {}: slot(s) [{}] did not join within {:.0f} s; dropping them", round,
                   fmt::join(missing, " "), Secs(d_.rendezvous_timeout)));
   for (const auto& slot : missing) {
-    auto it = workers_.find(slot);
-    if (it == workers_.end()) continue;
+    auto it = s_.workers.find(slot);
+    if (it == s_.workers.end()) continue;
     Worker& w = it->second;
     if (w.running) {
       SignalSlot(slot, SIGKILL);
     }
     w.dropped = true;
-    ++failures_;
+    ++s_.failures;
     RecordHostFailure(w, "slot " + slot + " did not join round " + std::to_string(round));
   }
-  round_broken_ = true;
-  members_.erase(std::remove_if(members_.begin(), members_.end(),
+  s_.round_broken = true;
+  s_.members.erase(std::remove_if(s_.members.begin(), s_.members.end(),
                                 [&](const std::string& s) {
                                   return std::find(missing.begin(), missing.end(), s) !=
                                          missing.end();
                                 }),
-                 members_.end());
+                 s_.members.end());
   Replan("slots did not join");
 }
 
 void Policy::AbortFormedRound(const std::string& gone, const std::string& why) {
-  if (std::find(formed_members_.begin(), formed_members_.end(), gone) == formed_members_.end()) {
+  if (std::find(s_.formed_members.begin(), s_.formed_members.end(), gone) == s_.formed_members.end()) {
     return;
   }
   AbortRound(gone, why);
 }
 
 void Policy::AbortRound(const std::string& skip, const std::string& why) {
-  aborted_ = formed_;
-  for (const auto& slot : formed_members_) {
+  s_.aborted = s_.formed;
+  for (const auto& slot : s_.formed_members) {
     if (slot == skip) continue;
     Action a;
     a.kind = Action::kPublish;
     a.slot = slot;
-    a.event = rendezvous::Event{EventKind::kAbort, formed_, why};
+    a.event = rendezvous::Event{EventKind::kAbort, s_.formed, why};
     Emit(std::move(a));
   }
 }
 
 void Policy::OnMemberLeft(int64_t round, const std::string& slot) {
-  if (shutting_down_) return;
-  if (finishing_ && round == formed_) {
+  if (s_.shutting_down) return;
+  if (s_.finishing && round == s_.formed) {
     // A member joins again while another has finished: it went on training without it.
-    auto it = workers_.find(finisher_);
-    int64_t step = it == workers_.end() ? -1 : it->second.step;
+    auto it = s_.workers.find(s_.finisher);
+    int64_t step = it == s_.workers.end() ? -1 : it->second.step;
     Terminate(1, fmt::format("worker {} (slot {}) finished training{}, but slot {} went on "
                              "training and lost its peer: every rank must stop after the same "
                              "step (see docs/recovery.md, \"Stopping\")",
-                             Label(finisher_), finisher_,
+                             Label(s_.finisher), s_.finisher,
                              step >= 0 ? " after step " + std::to_string(step) : "", slot));
     return;
   }
@@ -959,33 +974,33 @@ void Policy::OnMemberLeft(int64_t round, const std::string& slot) {
   // collective is in flight then; the abort costs nothing); one whose mesh failed to connect
   // leaves peers that may wait for it to connect: they are told now, and when no new round is
   // pending, the same members re-form.
-  if (round != formed_ || aborted_ >= round || finishing_) return;
+  if (round != s_.formed || s_.aborted >= round || s_.finishing) return;
   std::string why = "slot " + slot + " left round " + std::to_string(round);
   AbortFormedRound(slot, why);
-  if (round_ == formed_) {
+  if (s_.round == s_.formed) {
     Log(Action::kWarn, why + " on its own; re-forming");
     Event("member_left", {{"slot", slot}, {"round", round}});
-    round_broken_ = true;
+    s_.round_broken = true;
     Replan(why);
   }
 }
 
 void Policy::HandleLeaving(Worker& w, const std::string& why) {
-  if (w.leaving || shutting_down_) return;
+  if (w.leaving || s_.shutting_down) return;
   w.leaving = true;
   std::string rank = Label(w.slot);
   Log(Action::kInfo, fmt::format("worker {} (slot {}) is leaving{}{}; re-forming without it", rank,
                                  w.slot, why.empty() ? "" : ": ", why));
   Event("worker_leaving", {{"slot", w.slot}, {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()}, {"reason", why}});
   if (IsMember(w.slot)) {
-    round_broken_ = true;
+    s_.round_broken = true;
     Replan("worker " + rank + " is leaving");
   }
 }
 
 void Policy::OnWatch(const std::string& slot, bool open) {
-  auto it = workers_.find(slot);
-  if (it == workers_.end()) return;
+  auto it = s_.workers.find(slot);
+  if (it == s_.workers.end()) return;
   Worker& w = it->second;
   if (open) {
     ++w.watches;
@@ -1004,7 +1019,7 @@ void Policy::OnWatch(const std::string& slot, bool open) {
   if (w.watches > 0) return;
   // A worker whose stream breaks while its process runs may be lost (stopped, hung, its host
   // gone): unless it exits (or the stream re-opens) within the grace, it is.
-  if (!w.finished && !w.leaving && w.running && !shutting_down_) {
+  if (!w.finished && !w.leaving && w.running && !s_.shutting_down) {
     w.lost_at = Now() + d_.liveness_timeout / 3;
   }
 }
@@ -1020,11 +1035,11 @@ void Policy::OnDiscovery(const StatusOr<std::vector<discovery::HostSlots>>& resu
   }
   const auto& listed = result.value();
   auto change = hosts_.Update(listed);
-  last_listed_ = listed;
+  s_.last_listed = listed;
   for (const auto& h : listed) {
-    if (std::find(last_listed_order_.begin(), last_listed_order_.end(), h.host) ==
-        last_listed_order_.end()) {
-      last_listed_order_.push_back(h.host);
+    if (std::find(s_.last_listed_order.begin(), s_.last_listed_order.end(), h.host) ==
+        s_.last_listed_order.end()) {
+      s_.last_listed_order.push_back(h.host);
     }
   }
   if (change.empty()) return;
@@ -1044,8 +1059,8 @@ void Policy::OnDiscovery(const StatusOr<std::vector<discovery::HostSlots>>& resu
 }
 
 void Policy::OnSignal(int signal, const std::string& name) {
-  if (shutting_down_) {
-    kill_at_ = Now();  // a second signal: no more grace
+  if (s_.shutting_down) {
+    s_.kill_at = Now();  // a second signal: no more grace
     OnTimer();
     return;
   }
@@ -1054,14 +1069,14 @@ void Policy::OnSignal(int signal, const std::string& name) {
 }
 
 void Policy::Terminate(int code, const std::string& message) {
-  if (shutting_down_) return;
-  shutting_down_ = true;
-  exit_code_ = code;
-  final_message_ = message;
-  wait_until_ = TimePoint::max();
+  if (s_.shutting_down) return;
+  s_.shutting_down = true;
+  s_.exit_code = code;
+  s_.final_message = message;
+  s_.wait_until = TimePoint::max();
   Event("job_ending", {{"code", int64_t{code}}, {"message", message}});
   bool any = false;
-  for (auto& [slot, w] : workers_) {
+  for (auto& [slot, w] : s_.workers) {
     w.lost_at = TimePoint::max();
     if (!w.running) continue;
     w.dropped = true;
@@ -1071,16 +1086,16 @@ void Policy::Terminate(int code, const std::string& message) {
   if (any) {
     Log(Action::kInfo,
         fmt::format("stopping workers (SIGTERM; SIGKILL after {:.1f} s)", Secs(d_.grace)));
-    kill_at_ = Now() + d_.grace;
+    s_.kill_at = Now() + d_.grace;
   }
 }
 
 Policy::RoundProgress Policy::CurrentProgress() const {
   RoundProgress p;
-  p.at = formed_at_;
-  for (const auto& slot : formed_members_) {
-    const Worker& w = workers_.at(slot);
-    if (w.commit_at >= formed_at_ && w.commit_at != TimePoint{}) p.committed = true;
+  p.at = s_.formed_at;
+  for (const auto& slot : s_.formed_members) {
+    const Worker& w = s_.workers.at(slot);
+    if (w.commit_at >= s_.formed_at && w.commit_at != TimePoint{}) p.committed = true;
     p.at = std::max({p.at, w.commit_at, w.moved_at});
   }
   p.limit = HangTimeout() * (p.committed ? 1 : 2);
@@ -1089,12 +1104,12 @@ Policy::RoundProgress Policy::CurrentProgress() const {
 
 Duration Policy::HangTimeout() const {
   if (d_.hang_timeout > Duration::zero()) return d_.hang_timeout;
-  if (longest_interval_ == Duration::zero()) return std::chrono::seconds(300);
-  return std::max<Duration>(std::chrono::seconds(60), 10 * longest_interval_);
+  if (s_.longest_interval == Duration::zero()) return std::chrono::seconds(300);
+  return std::max<Duration>(std::chrono::seconds(60), 10 * s_.longest_interval);
 }
 
 void Policy::CheckHang() {
-  if (shutting_down_ || finishing_ || !started_ || round_ != formed_) return;
+  if (s_.shutting_down || s_.finishing || !s_.started || s_.round != s_.formed) return;
   TimePoint now = Now();
   const RoundProgress p = CurrentProgress();
   const TimePoint progress = p.at;
@@ -1105,9 +1120,9 @@ void Policy::CheckHang() {
   // collective while others wait in one; else those that started fewer collectives.
   std::vector<Worker*> silent, idle, behind, all;
   int64_t most = 0;
-  for (const auto& slot : formed_members_) {
-    Worker& w = workers_.at(slot);
-    bool current = w.heard_round == formed_;
+  for (const auto& slot : s_.formed_members) {
+    Worker& w = s_.workers.at(slot);
+    bool current = w.heard_round == s_.formed;
     all.push_back(&w);
     if (now - w.heard_at > kSilence) {
       silent.push_back(&w);
@@ -1117,7 +1132,7 @@ void Policy::CheckHang() {
     most = std::max(most, current ? w.collectives : 0);
   }
   for (Worker* w : all) {
-    if ((w->heard_round == formed_ ? w->collectives : 0) < most) behind.push_back(w);
+    if ((w->heard_round == s_.formed ? w->collectives : 0) < most) behind.push_back(w);
   }
   std::vector<Worker*> culprits;
   std::string why;
@@ -1132,7 +1147,7 @@ void Policy::CheckHang() {
     why = "started fewer collectives than its peers";
   }
   std::string span = fmt::format("round {} made no progress for {:.1f} s (--hang-timeout {:.0f} s{})",
-                                 formed_, Secs(now - progress), Secs(HangTimeout()),
+                                 s_.formed, Secs(now - progress), Secs(HangTimeout()),
                                  committed ? "" : ", doubled before the round's first commit");
   if (culprits.empty()) {
     // No member stands out yet. A stopped one goes silent within a few seconds: wait for that
@@ -1140,15 +1155,15 @@ void Policy::CheckHang() {
     if (now - progress < limit + std::chrono::seconds(3)) return;
     // No member stands out (all wait in the same collective): the round is re-formed.
     Log(Action::kWarn, span + "; no member stands out; aborting the round and re-forming");
-    Event("round_hung", {{"round", formed_}, {"seconds", Secs(now - progress)}});
+    Event("round_hung", {{"round", s_.formed}, {"seconds", Secs(now - progress)}});
     AbortRound("", span);
-    formed_at_ = now;
-    round_broken_ = true;
-    Replan("round " + std::to_string(formed_) + " hung");
+    s_.formed_at = now;
+    s_.round_broken = true;
+    Replan("round " + std::to_string(s_.formed) + " hung");
     return;
   }
   for (Worker* w : culprits) {
-    if (shutting_down_) break;
+    if (s_.shutting_down) break;
     DeclareHung(*w, why + "; " + span);
   }
 }
@@ -1163,15 +1178,15 @@ void Policy::HungEvent(const Worker& w, const std::string& why) {
 }
 
 void Policy::CheckExitHang() {
-  if (shutting_down_ || !finishing_ || Now() < finishing_at_ + HangTimeout()) return;
+  if (s_.shutting_down || !s_.finishing || Now() < s_.finishing_at + HangTimeout()) return;
   for (const auto& slot : FinishingMembers()) {
-    auto it = workers_.find(slot);
-    if (it == workers_.end() || !it->second.running || it->second.exit_hung) continue;
+    auto it = s_.workers.find(slot);
+    if (it == s_.workers.end() || !it->second.running || it->second.exit_hung) continue;
     Worker& w = it->second;
     w.exit_hung = true;
     std::string why = fmt::format(
         "did not exit {:.0f} s after worker {} finished (--hang-timeout {:.0f} s){}",
-        Secs(Now() - finishing_at_), Label(finisher_), Secs(HangTimeout()),
+        Secs(Now() - s_.finishing_at), Label(s_.finisher), Secs(HangTimeout()),
         w.finished ? "; it had finished training: a hang in its teardown" : "");
     HungEvent(w, why);
     Log(Action::kWarn, fmt::format("worker {} (slot {}, host {}, pid {}) {}; dumping its stacks "
@@ -1191,8 +1206,8 @@ void Policy::DeclareHung(Worker& w, const std::string& why) {
   w.lost_at = TimePoint::max();
   // Its peers are aborted and the next round proposed first: they recover (the rendezvous
   // core forms the round by itself) while the stacks are dumped; then it is killed.
-  if (!d_.elastic || finishing_) {
-    ++failures_;
+  if (!d_.elastic || s_.finishing) {
+    ++s_.failures;
     w.dropped = true;
     Terminate(1, what);
   } else {
@@ -1213,28 +1228,28 @@ void Policy::DumpStacks(const Worker& w) {
 JobView Policy::View() const {
   JobView v;
   TimePoint now = Now();
-  v.round = round_;
-  v.formed_round = formed_;
+  v.round = s_.round;
+  v.formed_round = s_.formed;
   v.min_np = d_.min_np;
   v.max_np = d_.max_np;
-  v.resets = resets_;
-  v.failures = failures_;
-  if (recovery_start_ != TimePoint{}) v.since_recovery = Secs(now - recovery_start_);
+  v.resets = s_.resets;
+  v.failures = s_.failures;
+  if (s_.recovery_start != TimePoint{}) v.since_recovery = Secs(now - s_.recovery_start);
   v.checkpoints = !d_.checkpoint_dir.empty();
-  v.checkpoint_version = checkpoint_version_;
-  v.checkpoint_step = checkpoint_step_;
-  v.checkpoint_seconds = checkpoint_seconds_;
-  v.checkpoint_path = checkpoint_path_;
-  v.checkpoint_error = checkpoint_error_;
-  v.checkpoint_failures = checkpoint_failures_;
-  v.phase = shutting_down_ ? "stopping"
-            : finishing_   ? "finishing"
-            : wait_until_ != TimePoint::max() ? "waiting"
-            : !started_                       ? "starting"
-            : round_ != formed_               ? "changing"
+  v.checkpoint_version = s_.checkpoint_version;
+  v.checkpoint_step = s_.checkpoint_step;
+  v.checkpoint_seconds = s_.checkpoint_seconds;
+  v.checkpoint_path = s_.checkpoint_path;
+  v.checkpoint_error = s_.checkpoint_error;
+  v.checkpoint_failures = s_.checkpoint_failures;
+  v.phase = s_.shutting_down ? "stopping"
+            : s_.finishing   ? "finishing"
+            : s_.wait_until != TimePoint::max() ? "waiting"
+            : !s_.started                       ? "starting"
+            : s_.round != s_.formed               ? "changing"
                                               : "training";
-  for (const auto& slot : formed_members_) {
-    const Worker& w = workers_.at(slot);
+  for (const auto& slot : s_.formed_members) {
+    const Worker& w = s_.workers.at(slot);
     MemberView m;
     m.rank = w.rank;
     m.slot = slot;
@@ -1252,7 +1267,7 @@ JobView Policy::View() const {
   for (const auto& [host, until] : hosts_.Blacklist()) {
     v.blacklisted.emplace_back(host, until == TimePoint::max() ? -1.0 : Secs(until - now));
   }
-  for (const auto& [slot, w] : workers_) {
+  for (const auto& [slot, w] : s_.workers) {
     if (w.running && w.spare && !w.dropped && !w.removed) v.spares.emplace_back(slot, w.pid);
   }
   return v;
@@ -1272,28 +1287,28 @@ void Policy::Progress() {
     }
   }
   std::string line = fmt::format("progress: {} worker(s) in round {} ({}), step {}",
-                                 v.members.size(), formed_, v.phase, step);
+                                 v.members.size(), s_.formed, v.phase, step);
   if (epoch >= 0) {
     line += fmt::format(", epoch {}", epoch);
     if (epoch_size > 0) line += fmt::format(" ({:.0f}%)", 100.0 * cursor / epoch_size);
   }
-  if (samples >= 0 && progress_samples_ >= 0 && now > progress_at_) {
-    line += fmt::format(", {:.1f} samples/s", (samples - progress_samples_) / Secs(now - progress_at_));
+  if (samples >= 0 && s_.progress_samples >= 0 && now > s_.progress_at) {
+    line += fmt::format(", {:.1f} samples/s", (samples - s_.progress_samples) / Secs(now - s_.progress_at));
   }
   line += v.since_recovery < 0 ? ", no recovery yet"
                                : fmt::format(", last recovery {:.0f} s ago", v.since_recovery);
-  double rate = samples >= 0 && progress_samples_ >= 0 && now > progress_at_
-                    ? (samples - progress_samples_) / Secs(now - progress_at_)
+  double rate = samples >= 0 && s_.progress_samples >= 0 && now > s_.progress_at
+                    ? (samples - s_.progress_samples) / Secs(now - s_.progress_at)
                     : -1;
-  double step_rate = step >= 0 && progress_step_ >= 0 && now > progress_at_
-                         ? (step - progress_step_) / Secs(now - progress_at_)
+  double step_rate = step >= 0 && s_.progress_step >= 0 && now > s_.progress_at
+                         ? (step - s_.progress_step) / Secs(now - s_.progress_at)
                          : -1;
-  progress_step_ = step;
-  progress_samples_ = samples;
-  progress_at_ = now;
+  s_.progress_step = step;
+  s_.progress_samples = samples;
+  s_.progress_at = now;
   Log(Action::kInfo, line);
   auto known = [](int64_t x) { return x >= 0 ? JsonValue(x) : JsonValue(); };
-  Event("progress", {{"round", formed_},
+  Event("progress", {{"round", s_.formed},
                      {"size", int64_t(v.members.size())},
                      {"step", known(step)},
                      {"epoch", known(epoch)},
@@ -1304,28 +1319,28 @@ void Policy::Progress() {
 
 void Policy::OnTimer() {
   TimePoint now = Now();
-  if (!shutting_down_ && started_ && d_.progress_interval > Duration::zero()) {
-    if (next_progress_ == TimePoint{}) {
-      next_progress_ = now + d_.progress_interval;
-    } else if (now >= next_progress_) {
-      next_progress_ = now + d_.progress_interval;
+  if (!s_.shutting_down && s_.started && d_.progress_interval > Duration::zero()) {
+    if (s_.next_progress == TimePoint{}) {
+      s_.next_progress = now + d_.progress_interval;
+    } else if (now >= s_.next_progress) {
+      s_.next_progress = now + d_.progress_interval;
       Progress();
     }
   }
-  if (shutting_down_) {
-    if (now >= kill_at_) {
-      for (auto& [slot, w] : workers_) {
+  if (s_.shutting_down) {
+    if (now >= s_.kill_at) {
+      for (auto& [slot, w] : s_.workers) {
         if (!w.running) continue;
         SignalSlot(slot, SIGKILL);
       }
-      kill_at_ = TimePoint::max();
+      s_.kill_at = TimePoint::max();
     }
     return;
   }
-  if (now >= wait_until_) {
-    wait_until_ = TimePoint::max();
+  if (now >= s_.wait_until) {
+    s_.wait_until = TimePoint::max();
     std::string what = std::string("timed out waiting for ") +
-                       (started_ ? "--min-np " + std::to_string(d_.min_np)
+                       (s_.started ? "--min-np " + std::to_string(d_.min_np)
                                  : "-np " + std::to_string(d_.np)) +
                        " workers";
     Terminate(1, hosts_.Available().empty()
@@ -1334,15 +1349,15 @@ void Policy::OnTimer() {
     return;
   }
   if (hosts_.TakeEndedCooldowns()) Replan("a blacklist cooldown ended");
-  for (auto& [slot, w] : workers_) {
-    if (w.running && now >= w.lost_at && !shutting_down_) {
+  for (auto& [slot, w] : s_.workers) {
+    if (w.running && now >= w.lost_at && !s_.shutting_down) {
       w.lost_at = TimePoint::max();
       if (!IsMember(slot)) {  // not in the job (removed, leaving): its process goes
         SignalSlot(slot, SIGKILL);
         // Its old round may still run, its peers waiting on it in a collective; a peer cut
         // off by the network never tells them it died: they are aborted out of it.
-        if (aborted_ < formed_) {
-          AbortFormedRound(slot, "slot " + slot + " of round " + std::to_string(formed_) +
+        if (s_.aborted < s_.formed) {
+          AbortFormedRound(slot, "slot " + slot + " of round " + std::to_string(s_.formed) +
                                      " lost contact");
         }
         continue;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "driver/driver.h"
 #include "driver/event_log.h"
 #include "driver/plan.h"
+#include "driver/policy_state.h"
 #include "rendezvous/types.h"
 
 namespace elastic::driver {
@@ -91,6 +93,10 @@ struct JobView {
 class Policy {
  public:
   explicit Policy(PolicyOptions options);
+  // A policy that goes on from `state` (saved by state(), or loaded from the driver's journal),
+  // under the same options: INVALID_ARGUMENT when the state's host table does not hold
+  // together.
+  static StatusOr<std::unique_ptr<Policy>> Restore(PolicyOptions options, PolicyState state);
 
   // --- events ---
   // The first host set (static hosts or the first discovery run): proposes round 0.
@@ -115,56 +121,23 @@ class Policy {
 
   // --- results ---
   std::vector<Action> TakeActions();
+  // Everything the policy knows, as a value: take it between events, after TakeActions.
+  PolicyState state() const;
   JobView View() const;
   TimePoint NextDeadline() const;
-  bool shutting_down() const { return shutting_down_; }
-  int exit_code() const { return exit_code_; }
-  const std::string& final_message() const { return final_message_; }
+  bool shutting_down() const { return s_.shutting_down; }
+  int exit_code() const { return s_.exit_code; }
+  const std::string& final_message() const { return s_.final_message; }
   // The label of the slot's output lines: its rank in the round it is in (the formed round it
   // is a member of, or the round it was launched for), or the slot itself.
   std::string Label(const std::string& slot) const;
-  int64_t proposed_round() const { return round_; }
-  int64_t formed_round() const { return formed_; }
+  int64_t proposed_round() const { return s_.round; }
+  int64_t formed_round() const { return s_.formed; }
   // Of the newest proposed round, in rank order.
-  const std::vector<std::string>& members() const { return members_; }
+  const std::vector<std::string>& members() const { return s_.members; }
 
  private:
-  struct Worker {
-    std::string slot, host;
-    bool local = true;
-    bool running = false;   // a process is started and has not exited
-    bool dropped = false;   // the driver gave up on it (failed, lost, removed): exit is expected
-    bool removed = false;   // scaled away
-    bool finished = false;  // reported FINISHED
-    bool leaving = false;   // reported LEAVING: no longer a member, whatever its exit
-    bool spare = false;     // a warm spare (--spares): started, waiting in Join for a place
-    bool rescued = false;   // removed, then kept as a member for the state it holds
-    TimePoint lost_at = TimePoint::max();  // Watch broke; lost unless it exits by then
-    int watches = 0;       // Watch streams open from the slot's process
-    int stale_closes = 0;  // closes still to come from the streams of an earlier process
-    int64_t round = -1;     // the round it is in (formed member, or launched for)
-    int rank = -1;          // its rank there (planned until that round forms)
-    int64_t pid = 0;
-    int64_t step = -1;  // of its newest commit
-    int64_t version = 0;  // of the state it says it holds (its newest commit report)
-    TimePoint commit_at{};      // when its newest commit report came
-    int64_t logged_round = -1;  // the round of its last `committed` event
-    // From its newest report of any kind (a heartbeat comes every second).
-    TimePoint heard_at{};
-    TimePoint launched_at{};  // when its current process was started
-    TimePoint moved_at{};  // when its count of collectives last changed
-    int64_t heard_round = -1;
-    int64_t collectives = 0;
-    bool in_collective = false;
-    int stack_signal = 0;
-    int64_t epoch = -1, cursor = -1, samples = -1, epoch_size = -1;
-    double rate = 0;  // steps per second, between its last two commit reports
-    // Its program reported a failure of its own (an exception in user code) in this round,
-    // with this message (-1: none since it started).
-    int64_t failed_round = -1;
-    std::string failure;
-    bool exit_hung = false;  // killed for not exiting after its peers finished
-  };
+  using Worker = WorkerState;
   // The job is finishing and members still run a hang timeout after the first finished: each
   // is named, its stacks dumped, and it is killed. One that had reported FINISHED trained to
   // the end (a hang in teardown: the job still succeeds); one that had not fails the job.
@@ -239,46 +212,10 @@ class Policy {
   const DriverOptions& d_;
   discovery::HostTable hosts_;
   std::vector<Action> actions_;
-  std::map<std::string, Worker> workers_;  // by slot
-  std::vector<std::string> members_;       // newest proposed round, rank order
-  int64_t round_ = -1;                     // newest proposed round
-  int64_t formed_ = -1;                    // newest formed round
-  std::vector<std::string> formed_members_;
-  std::vector<std::string> failure_order_;  // slots, in the order their failure reports came
-  std::set<std::string> kept_;  // StateKeepers() at the newest re-plan
-  int64_t aborted_ = -1;    // newest formed round whose members got ABORT
-  int64_t withdrawn_ = -1;  // newest proposed round withdrawn
-  std::map<std::string, int64_t> incident_round_;  // host -> round of its last counted failure
-  int resets_ = 0, failures_ = 0;
-  int spare_failures_ = 0;  // spares that exited before taking a place
-  TimePoint formed_at_{};           // when the newest formed round formed
-  TimePoint next_progress_{};       // next progress line (after the first round forms)
-  int64_t progress_samples_ = -1;   // samples at the last progress line
-  int64_t progress_step_ = -1;
-  TimePoint progress_at_{};
-  Duration longest_interval_{0};    // between two commits of a worker, per step
-  bool finishing_ = false;
-  std::string finisher_;  // the first member that finished
-  TimePoint finishing_at_{};  // when it did: the others must exit within the hang timeout
-  bool shutting_down_ = false;
-  int exit_code_ = 0;
-  std::string final_message_;
-  TimePoint kill_at_ = TimePoint::max();
-  TimePoint wait_until_ = TimePoint::max();
-  TimePoint recovery_start_{};
-  bool recovering_ = false;
-  bool round_broken_ = false;
-  bool first_commit_logged_ = true;
-  bool started_ = false;  // some round formed
-  // A round formed without any commit after commits were made (state lost), with
-  // --checkpoint-dir: its rank 0 restores a checkpoint; what was committed before.
-  int64_t restore_round_ = -1, lost_committed_ = 0;
-  int64_t checkpoint_version_ = -1, checkpoint_step_ = -1, checkpoint_failures_ = 0;
-  double checkpoint_seconds_ = 0;
-  std::string checkpoint_path_, checkpoint_error_;
+  // Everything the policy knows (driver/policy_state.h) but its host table, which is hosts_
+  // (state() puts the two together).
+  PolicyState s_;
   void OnCheckpointReport(const Worker& w, const rendezvous::Report& r);
-  std::vector<discovery::HostSlots> last_listed_;
-  std::vector<std::string> last_listed_order_;
 };
 
 }  // namespace elastic::driver

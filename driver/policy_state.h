@@ -1,0 +1,110 @@
+// The driver policy's state as a value (driver/policy.h): everything it knows and decided,
+// saved and loaded whole. A Policy restored from a saved state makes the same decisions as the
+// original for the same events (tests/driver/policy_state_test.cc). What is not in it: the
+// options (the command line gives them again) and the actions not yet taken (a state is saved
+// between events, after Policy::TakeActions).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "discovery/discovery.h"
+
+namespace elastic::driver {
+
+// What the policy knows of one slot and the process in it.
+struct WorkerState {
+  std::string slot, host;
+  bool local = true;
+  bool running = false;   // a process is started and has not exited
+  bool dropped = false;   // the driver gave up on it (failed, lost, removed): exit is expected
+  bool removed = false;   // scaled away
+  bool finished = false;  // reported FINISHED
+  bool leaving = false;   // reported LEAVING: no longer a member, whatever its exit
+  bool spare = false;     // a warm spare (--spares): started, waiting in Join for a place
+  bool rescued = false;   // removed, then kept as a member for the state it holds
+  TimePoint lost_at = TimePoint::max();  // Watch broke; lost unless it exits by then
+  int watches = 0;       // Watch streams open from the slot's process
+  int stale_closes = 0;  // closes still to come from the streams of an earlier process
+  int64_t round = -1;     // the round it is in (formed member, or launched for)
+  int rank = -1;          // its rank there (planned until that round forms)
+  int64_t pid = 0;
+  int64_t step = -1;  // of its newest commit
+  int64_t version = 0;  // of the state it says it holds (its newest commit report)
+  TimePoint commit_at{};      // when its newest commit report came
+  int64_t logged_round = -1;  // the round of its last `committed` event
+  // From its newest report of any kind (a heartbeat comes every second).
+  TimePoint heard_at{};
+  TimePoint launched_at{};  // when its current process was started
+  TimePoint moved_at{};  // when its count of collectives last changed
+  int64_t heard_round = -1;
+  int64_t collectives = 0;
+  bool in_collective = false;
+  int stack_signal = 0;
+  int64_t epoch = -1, cursor = -1, samples = -1, epoch_size = -1;
+  double rate = 0;  // steps per second, between its last two commit reports
+  // Its program reported a failure of its own (an exception in user code) in this round,
+  // with this message (-1: none since it started).
+  int64_t failed_round = -1;
+  std::string failure;
+  bool exit_hung = false;  // killed for not exiting after its peers finished
+};
+
+struct PolicyState {
+  discovery::HostTable::State hosts;
+  std::map<std::string, WorkerState> workers;  // by slot
+  std::vector<std::string> members;       // newest proposed round, rank order
+  int64_t round = -1;                     // newest proposed round
+  int64_t formed = -1;                    // newest formed round
+  std::vector<std::string> formed_members;
+  std::vector<std::string> failure_order;  // slots, in the order their failure reports came
+  std::set<std::string> kept;  // StateKeepers() at the newest re-plan
+  int64_t aborted = -1;    // newest formed round whose members got ABORT
+  int64_t withdrawn = -1;  // newest proposed round withdrawn
+  std::map<std::string, int64_t> incident_round;  // host -> round of its last counted failure
+  int resets = 0, failures = 0;
+  int spare_failures = 0;  // spares that exited before taking a place
+  TimePoint formed_at{};           // when the newest formed round formed
+  TimePoint next_progress{};       // next progress line (after the first round forms)
+  int64_t progress_samples = -1;   // samples at the last progress line
+  int64_t progress_step = -1;
+  TimePoint progress_at{};
+  Duration longest_interval{0};    // between two commits of a worker, per step
+  bool finishing = false;
+  std::string finisher;  // the first member that finished
+  TimePoint finishing_at{};  // when it did: the others must exit within the hang timeout
+  bool shutting_down = false;
+  int exit_code = 0;
+  std::string final_message;
+  TimePoint kill_at = TimePoint::max();
+  TimePoint wait_until = TimePoint::max();
+  TimePoint recovery_start{};
+  bool recovering = false;
+  bool round_broken = false;
+  bool first_commit_logged = true;
+  bool started = false;  // some round formed
+  // A round formed without any commit after commits were made (state lost), with
+  // --checkpoint-dir: its rank 0 restores a checkpoint; what was committed before.
+  int64_t restore_round = -1, lost_committed = 0;
+  int64_t checkpoint_version = -1, checkpoint_step = -1, checkpoint_failures = 0;
+  double checkpoint_seconds = 0;
+  std::string checkpoint_path, checkpoint_error;
+  std::vector<discovery::HostSlots> last_listed;
+  std::vector<std::string> last_listed_order;
+};
+
+// The state as one JSON object. Time points are saved as offsets from `now` (the steady clock
+// means nothing in another process): LoadPolicyState puts them at the same distance from its
+// own `now`. TimePoint{} (never) and TimePoint::max() (no deadline) keep their meaning.
+std::string SavePolicyState(const PolicyState& state, TimePoint now);
+// INVALID_ARGUMENT naming the field when the text is not a state SavePolicyState wrote (not
+// JSON, a field missing or of the wrong type, a count out of bounds, a host table that does
+// not hold together).
+StatusOr<PolicyState> LoadPolicyState(const std::string& text, TimePoint now);
+
+}  // namespace elastic::driver
