@@ -1,5 +1,5 @@
 // Host discovery: parsing host lists, running the discovery script, and the host table with
-// blacklist and cooldown (DESIGN §6).
+// blacklist and cooldown (docs/recovery.md).
 #pragma once
 
 #include <map>

@@ -1,5 +1,5 @@
-// The driver: owns membership. It runs discovery, keeps the rendezvous server, launches and
-// watches workers, and decides every round (DESIGN §3, §6).
+// The driver: owns membership. It runs discovery, keeps the rendezvous server, launches and watches
+// workers, and decides every round (docs/architecture.md, "Policy and driver"; docs/recovery.md).
 #pragma once
 
 #include <memory>

@@ -1,5 +1,5 @@
 // Who runs in the next round, and with which ranks: pure functions of the driver's view, so
-// they are unit-tested apart from processes and the network (DESIGN §6).
+// they are unit-tested apart from processes and the network (docs/architecture.md, "Rounds").
 #pragma once
 
 #include <map>

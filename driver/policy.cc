@@ -1,5 +1,6 @@
 // The driver's membership decisions: who runs in the next round, and what a worker's exit, a
-// report, a discovery result or a rendezvous event means for the job (DESIGN §3, §6).
+// report, a discovery result or a rendezvous event means for the job (docs/architecture.md, "Policy
+// and driver"; docs/recovery.md).
 #include "driver/policy.h"
 
 #include <signal.h>

@@ -1,9 +1,9 @@
-// The driver's decisions as a state machine (DESIGN §3, §6). Events go in (a worker exited, a
-// report, a round formed, a discovery result, a signal, the clock moved); actions come out
-// (propose or withdraw a round, fence or abort, launch or signal a slot, write an event, log a
-// line). The policy reads time only from its Clock and performs nothing itself: the Driver
-// (driver.cc) polls processes and sockets, feeds the events and carries out the actions, and
-// the unit tests feed events on a FakeClock and check the actions.
+// The driver's decisions as a state machine (docs/architecture.md, "Policy and driver";
+// docs/recovery.md). Events go in (a worker exited, a report, a round formed, a discovery result, a
+// signal, the clock moved); actions come out (propose or withdraw a round, fence or abort, launch
+// or signal a slot, write an event, log a line). The policy reads time only from its Clock and
+// performs nothing itself: the Driver (driver.cc) polls processes and sockets, feeds the events and
+// carries out the actions, and the unit tests feed events on a FakeClock and check the actions.
 #pragma once
 
 #include <cstdint>

@@ -10,7 +10,7 @@
 
 namespace elastic::rendezvous {
 
-// Bounds on everything that comes from the wire (DESIGN §3).
+// Bounds on everything that comes from the wire (docs/architecture.md).
 struct Limits {
   size_t max_slot_bytes = 256;
   size_t max_key_bytes = 512;

@@ -1,4 +1,4 @@
-// State: what training commits, restores and syncs across membership changes (DESIGN §4, §5).
+// State: what training commits, restores and syncs across membership changes (docs/recovery.md).
 //
 //   ObjectState holds named values. Save() snapshots them (the commit), Restore() rolls back
 //   to the last snapshot, Sync() broadcasts rank 0's values to every rank. Raw buffers added
@@ -94,7 +94,7 @@ class State {
   // The version of the committed state: how many commits made it (0: none yet, or a newcomer
   // whose sync has not completed). Restore() keeps it; a completed Sync() takes the root's.
   // The worker says it in every Join, and the driver picks rank 0 and the need for a sync
-  // from what the members say (DESIGN §3).
+  // from what the members say (docs/recovery.md, "Who holds what is what the workers say").
   int64_t version() const { return version_; }
   void SetCommitHook(std::function<void()> hook) { commit_hook_ = std::move(hook); }
   // Called after every reset (new round), e.g. to rebuild an optimizer.

@@ -173,7 +173,7 @@ void Agent::StopWatch() {
 
 void Agent::ReportLoop() {
   // A commit report, or else a heartbeat every second: the driver tells a hung worker from
-  // its peers waiting for it by what these say (DESIGN §6).
+  // its peers waiting for it by what these say (docs/recovery.md, "Hangs and silent workers").
   std::unique_lock<std::mutex> l(report_mu_);
   while (true) {
     report_cv_.wait_for(l, std::chrono::seconds(1),

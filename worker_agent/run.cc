@@ -1,4 +1,4 @@
-// elastic::Run: the recovery loop of DESIGN §4.
+// elastic::Run: the recovery loop (docs/architecture.md, "Recovery").
 #include <spdlog/spdlog.h>
 
 #include <cstdio>

@@ -1,9 +1,7 @@
-// The worker agent: what runs inside a worker process. It reads the environment the driver
-// gives (DESIGN §7), joins rounds, keeps the Watch stream on a background thread, and builds a
-// Communicator for each round.
-//
-// Thread safety: Agent methods are called from the training thread; the Watch thread only
-// flips flags and may Abort() the current communicator.
+// The worker agent: what runs inside a worker process. It reads the environment the driver gives
+// (docs/architecture.md, "Environment"), joins rounds, keeps the Watch stream on a background
+// thread, and builds a Communicator for each round.  Thread safety: Agent methods are called from
+// the training thread; the Watch thread only flips flags and may Abort() the current communicator.
 #pragma once
 
 #include <atomic>
@@ -24,7 +22,7 @@
 
 namespace elastic {
 
-// The environment of DESIGN §7.
+// The environment a worker gets (docs/architecture.md, "Environment").
 struct WorkerEnv {
   std::string driver_addr;  // ELASTIC_DRIVER_ADDR, host:port
   std::string token;        // ELASTIC_JOB_TOKEN
@@ -159,14 +157,15 @@ class Agent {
   std::optional<rendezvous::Report> pending_;  // guarded by report_mu_: newest unsent commit
 };
 
-// The process-wide agent: created and joined to round 0 on first call (DESIGN §4 Init()).
-// Prints a clear message and exits 2 when not run under elastic-run.
+// The process-wide agent: created and joined to round 0 on first call (like Python's
+// elastic.init(), docs/python.md). Prints a clear message and exits 2 when not run under
+// elastic-run.
 Agent& Init(AgentOptions options = {});
 
-// Runs `train` until it returns, recovering from membership changes (DESIGN §4): a lost peer
-// (WorkerLostError) rolls `state` back to its last commit; an announced change (HostsUpdated,
-// raised by state.Commit()) re-forms at that commit. After each new round the state is
-// Reset() for the new rank and size, and synced from rank 0 when the driver says a member
+// Runs `train` until it returns, recovering from membership changes (docs/architecture.md,
+// "Recovery"): a lost peer (WorkerLostError) rolls `state` back to its last commit; an announced
+// change (HostsUpdated, raised by state.Commit()) re-forms at that commit. After each new round the
+// state is Reset() for the new rank and size, and synced from rank 0 when the driver says a member
 // lacks the committed state. A worker the driver scales away exits 0.
 void Run(State& state, const std::function<void(State&)>& train, AgentOptions options = {});
 
