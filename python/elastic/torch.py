@@ -385,15 +385,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
         while True:
             b = self._queue.get()
             try:
-                grads = [p.grad for p in self._buckets[b] if p.grad is not None]
-                if grads and elastic.size() > 1:
-                    elastic.grouped_allreduce_(grads, op=self.op)
+                self._reduce(self._buckets[b])
             except BaseException as e:  # raised again on the training thread, in step()
                 with self._lock:
                     self._error = self._error or e
             with self._lock:
                 self._pending -= 1
                 self._done.notify_all()
+
+    def _reduce(self, params):
+        """Reduces the gradients of `params` (one bucket) in place over every rank; runs on
+        the background thread."""
+        grads = [p.grad for p in params if p.grad is not None]
+        if grads and elastic.size() > 1:
+            elastic.grouped_allreduce_(grads, op=self.op)
 
     def synchronize(self):
         """Waits until every bucket of this step is reduced (launching those whose gradients
