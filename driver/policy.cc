@@ -374,6 +374,7 @@ void Policy::Launch(Worker& w, int rank, bool spare) {
   w.rescued = false;
   w.version = 0;  // a new process holds nothing until it says so
   w.pid = 0;
+  w.start_failed = false;
   Action a;
   a.kind = Action::kLaunch;
   a.slot = w.slot;
@@ -461,6 +462,7 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
   Worker& w = it->second;
   w.running = false;
   w.lost_at = TimePoint::max();
+  w.start_failed = code > 0 && code < 128 && w.heard_at < w.launched_at;  // never heard
   std::string rank = Label(slot);
   Event("worker_exited", {{"slot", slot},
                           {"code", int64_t{code}},
@@ -500,6 +502,7 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
       Log(Action::kWarn, fmt::format("{} spares failed before taking a place; no more spares "
                                      "are started", s_.spare_failures));
     }
+    if (EndIfNoWorkerStarted(w, "the spare in slot " + slot + " exited: " + how)) return;
     Replan("the spare in slot " + slot + " exited");
     return;
   }
@@ -550,7 +553,31 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
     return;
   }
   if (EndIfEveryMemberFailed()) return;
+  if (EndIfNoWorkerStarted(w, what)) return;
   LoseWorker(w, what);
+}
+
+bool Policy::EndIfNoWorkerStarted(const Worker& last, const std::string& what) {
+  if (s_.shutting_down || !d_.elastic || s_.started || !last.start_failed) return false;
+  if (d_.max_failures >= 0 || d_.reset_limit >= 0) return false;
+  int failed = 0;
+  for (const auto& [slot, w] : s_.workers) {
+    if (w.running) return false;  // one may still start
+    if (w.launched_at == TimePoint{}) continue;  // never launched
+    if (!w.start_failed) return false;
+    ++failed;
+  }
+  Event("round_failed", {{"round", s_.round},
+                         {"size", int64_t(failed)},
+                         {"slot", last.slot},
+                         {"message", what}});
+  Terminate(1, fmt::format("every worker started so far ({}) exited before it connected to the "
+                           "driver, and no round ever formed; the last: {} (its output is "
+                           "above: the program fails before elastic.init(), e.g. an import "
+                           "error or a bad argument; --max-failures N or --reset-limit N allow "
+                           "retries)",
+                           failed, what));
+  return true;
 }
 
 bool Policy::EndIfEveryMemberFailed() {

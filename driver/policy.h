@@ -153,6 +153,11 @@ class Policy {
   // instead of waiting for hosts: relaunching would fail the same way. Not when the user gave
   // --max-failures or --reset-limit: those budgets allow retries. True when it ended the job.
   bool EndIfEveryMemberFailed();
+  // When no round ever formed and every worker launched so far exited with a code of its own
+  // before it was ever heard from (`last` the newest of them; `what` its failure), the job
+  // ends with exit 1: the program fails before it connects (an import error), and waiting for
+  // hosts (--elastic-timeout) would not help. Not with --max-failures or --reset-limit.
+  bool EndIfNoWorkerStarted(const Worker& last, const std::string& what);
   void Progress();
 
   void Replan(const std::string& reason);

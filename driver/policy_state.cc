@@ -162,7 +162,7 @@ struct Reader {
   X(rescued) X(lost_at) X(watches) X(stale_closes) X(round) X(rank) X(pid) X(step) X(version) \
   X(commit_at) X(logged_round) X(heard_at) X(launched_at) X(moved_at) X(heard_round)          \
   X(collectives) X(in_collective) X(stack_signal) X(epoch) X(cursor) X(samples) X(epoch_size) \
-  X(rate) X(failed_round) X(failure) X(exit_hung)
+  X(rate) X(failed_round) X(failure) X(exit_hung) X(start_failed)
 
 // Every field of a PolicyState but its host table, once.
 #define POLICY_FIELDS(X)                                                                        \

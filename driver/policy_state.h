@@ -53,6 +53,9 @@ struct WorkerState {
   int64_t failed_round = -1;
   std::string failure;
   bool exit_hung = false;  // killed for not exiting after its peers finished
+  // Its process exited with a code of its own (1-127, not a signal) before it was ever heard
+  // from: the program failed before it could connect (an import error, a bad argument).
+  bool start_failed = false;
 };
 
 struct PolicyState {

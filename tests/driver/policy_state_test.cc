@@ -414,6 +414,7 @@ TEST_CASE("every field of the state survives a save and a load", "[policy_state]
   w.failed_round = 8;
   w.failure = "ValueError";
   w.exit_hung = true;
+  w.start_failed = true;
 
   discovery::HostTable table(discovery::HostTableOptions{nullptr, 1, std::chrono::seconds(1),
                                                          std::chrono::seconds(2), 99});
@@ -508,6 +509,7 @@ TEST_CASE("every field of the state survives a save and a load", "[policy_state]
   CHECK(x.failed_round == w.failed_round);
   CHECK(x.failure == w.failure);
   CHECK(x.exit_hung == w.exit_hung);
+  CHECK(x.start_failed == w.start_failed);
 
   CHECK(l.hosts.order == s.hosts.order);
   CHECK(l.hosts.rng == s.hosts.rng);

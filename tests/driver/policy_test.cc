@@ -1024,6 +1024,70 @@ TEST_CASE("policy: with --max-failures or --reset-limit, every member failing is
 }
 
 
+// Found trying Horovod's MNIST example (it imported a module this machine lacked): every
+// worker exited 1 before connecting, the host was blacklisted, and the job waited
+// --elastic-timeout (600 s) for hosts.
+TEST_CASE("policy: every worker failing before it connects ends a job that never formed",
+          "[unit]") {
+  Job job(Discovered(2));
+  job.policy->Start({{"h", 2}});
+  job.Take();
+  job.policy->OnExit("h:0", 1, "exit status 1");
+  job.Take();
+  CHECK_FALSE(job.policy->shutting_down());  // h:1 may still start
+  job.policy->OnExit("h:1", 2, "exit status 2");
+  auto a = job.Take();
+  REQUIRE(job.policy->shutting_down());
+  CHECK(job.policy->exit_code() == 1);
+  CHECK_THAT(job.policy->final_message(),
+             Catch::Contains("every worker started so far (2) exited before it connected") &&
+                 Catch::Contains("slot h:1") && Catch::Contains("exit status 2"));
+  CHECK(Events(a, "round_failed").size() == 1);
+}
+
+TEST_CASE("policy: a start failure is not the end when a worker connected, was killed, or "
+          "retries are allowed", "[unit]") {
+  SECTION("one worker connected before it failed") {
+    Job job(Discovered(2));
+    job.policy->Start({{"h", 2}});
+    job.Take();
+    job.Heartbeat("h:1", -1, 0, false);
+    job.policy->OnExit("h:0", 1, "exit status 1");
+    job.policy->OnExit("h:1", 1, "exit status 1");
+    job.Take();
+    CHECK_FALSE(job.policy->shutting_down());
+  }
+  SECTION("killed by a signal, not failed on their own") {
+    Job job(Discovered(2));
+    job.policy->Start({{"h", 2}});
+    job.Take();
+    job.policy->OnExit("h:0", 137, "signal 9 (Killed)");
+    job.policy->OnExit("h:1", 137, "signal 9 (Killed)");
+    job.Take();
+    CHECK_FALSE(job.policy->shutting_down());
+  }
+  SECTION("--max-failures allows retries") {
+    DriverOptions d = Discovered(2);
+    d.max_failures = 5;
+    Job job(d);
+    job.policy->Start({{"h", 2}});
+    job.Take();
+    job.policy->OnExit("h:0", 1, "exit status 1");
+    job.policy->OnExit("h:1", 1, "exit status 1");
+    job.Take();
+    CHECK_FALSE(job.policy->shutting_down());
+  }
+  SECTION("a round formed once: later start failures are ordinary failures") {
+    Job job(Discovered(2));
+    job.StartFormed({{"h", 2}}, {"h:0", "h:1"});
+    job.Take();
+    job.policy->OnExit("h:0", 1, "exit status 1");
+    job.policy->OnExit("h:1", 1, "exit status 1");
+    job.Take();
+    CHECK_THAT(job.policy->final_message(), !Catch::Contains("before it connected"));
+  }
+}
+
 TEST_CASE("policy: a member that does not exit after its peers finished is named and killed",
           "[unit]") {
   for (bool reported_finished : {true, false}) {

@@ -143,6 +143,24 @@ def test_every_rank_failing_at_one_step_ends_the_job_with_the_first_error(elasti
     assert not [e for e in events(log) if e["event"] == "waiting_for_hosts"], out
 
 
+def test_every_worker_failing_before_it_connects_ends_the_job(elastic_run, tmp_path):
+    # Found trying Horovod's MNIST example, which imports a module this machine lacked: every
+    # worker exited 1 at its import, the host was blacklisted, and the job waited
+    # --elastic-timeout (600 s) for hosts.
+    log = str(tmp_path / "events.jsonl")
+    job = Job([elastic_run, "--min-np", "1", "--max-np", "2", "-H", "localhost:2",
+               "--event-log", log, PY, "-c", "import no_such_module_here"], env=py_env())
+    try:
+        rc = job.wait(timeout=120)
+    finally:
+        job.kill()
+    out = job.text()
+    assert rc == 1, out
+    assert "ModuleNotFoundError: No module named 'no_such_module_here'" in out, out
+    assert "exited before it connected to the driver" in out, out
+    assert [e for e in events(log) if e["event"] == "round_failed"], out
+
+
 def test_every_rank_failing_is_retried_within_a_failure_budget(elastic_run, tmp_path):
     rc, out = run([elastic_run, "-np", "2", "--min-np", "2", "--max-failures", "1",
                    "--blacklist-cooldown-range", "0", "0.1", PY,
