@@ -622,6 +622,30 @@ TEST_CASE("policy: a member that leaves its round on its own makes its peers re-
   CHECK(Members(*proposals[0]) == std::vector<std::string>{"a:0", "a:1", "a:2"});
 }
 
+// The namespace soak (seed 443641197, job 8): a member scaled away at a fence left its round
+// (rendezvous::Core now says so for a removed slot too); its peers, stuck in the commit
+// agreement with a member whose link was out, must be aborted then, not at the rendezvous
+// timeout. The pending round stays as proposed.
+TEST_CASE("policy: a scaled-away member that leaves at the fence aborts its peers' round",
+          "[unit]") {
+  Job job(Discovered(3));
+  job.StartFormed({{"a", 3}}, {"a:0", "a:1", "a:2"});
+  job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 2}}, {});
+  auto a = job.Take();
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(proposals[0]->removed == std::vector<std::string>{"a:2"});
+  job.policy->OnMemberLeft(0, "a:2");
+  a = job.Take();
+  std::vector<std::string> aborted;
+  for (const Action* p : Of(a, Action::kPublish)) {
+    if (p->event.kind == EventKind::kAbort && p->event.round == 0) aborted.push_back(p->slot);
+  }
+  std::sort(aborted.begin(), aborted.end());
+  CHECK(aborted == std::vector<std::string>{"a:0", "a:1"});
+  CHECK(Of(a, Action::kProposeRound).empty());  // round 1 is still the one to form
+}
+
 TEST_CASE("policy: the next deadline follows the timers that are set", "[unit]") {
   DriverOptions d;
   d.discovery_script = "discover.sh";
