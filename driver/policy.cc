@@ -209,8 +209,8 @@ void Policy::Replan(const std::string& reason) {
   s_.kept = in.keep;
   size_t need = static_cast<size_t>(s_.started ? d_.min_np : d_.np);
   if (plan.size() < need) {
-    std::string needed = s_.started ? "--min-np " + std::to_string(d_.min_np)
-                                  : "-np " + std::to_string(d_.np);
+    std::string needed =
+        s_.started ? "--min-np " + std::to_string(d_.min_np) : "-np " + std::to_string(d_.np);
     if (!CanEverReach(need)) {
       Terminate(1, "no hosts left: " + std::to_string(plan.size()) + " worker(s) can run, " +
                        needed + " needed, and no host can come back (every listed host is " +
@@ -279,10 +279,8 @@ void Policy::Replan(const std::string& reason) {
   }
   Log(Action::kInfo, fmt::format("round {}: {} worker(s) [{}] ({})", s_.round, plan.size(),
                                  fmt::join(plan, " "), reason));
-  Event("round_proposed", {{"round", s_.round},
-                           {"members", plan},
-                           {"removed", propose.removed},
-                           {"reason", reason}});
+  Event("round_proposed",
+        {{"round", s_.round}, {"members", plan}, {"removed", propose.removed}, {"reason", reason}});
   Emit(std::move(propose));
   // Fence the old round: survivors stop at their next commit. Members of a formed round that
   // were told to abort it have stopped already: the fence would be a second message to each,
@@ -307,7 +305,8 @@ void Policy::Replan(const std::string& reason) {
       w.spare = false;
       w.round = s_.round;
       w.rank = static_cast<int>(rank);
-      Log(Action::kInfo, fmt::format("round {}: the spare in slot {} takes a place", s_.round, slot));
+      Log(Action::kInfo,
+          fmt::format("round {}: the spare in slot {} takes a place", s_.round, slot));
       Event("spare_promoted", {{"slot", slot}, {"round", s_.round}});
     } else if (!alive(slot)) {
       Launch(w, static_cast<int>(rank));
@@ -500,7 +499,8 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
     Log(Action::kWarn, fmt::format("the spare in slot {} exited: {}", slot, how));
     if (s_.spare_failures == d_.spares + 3) {
       Log(Action::kWarn, fmt::format("{} spares failed before taking a place; no more spares "
-                                     "are started", s_.spare_failures));
+                                     "are started",
+                                     s_.spare_failures));
     }
     if (EndIfNoWorkerStarted(w, "the spare in slot " + slot + " exited: " + how)) return;
     Replan("the spare in slot " + slot + " exited");
@@ -562,15 +562,13 @@ bool Policy::EndIfNoWorkerStarted(const Worker& last, const std::string& what) {
   if (d_.max_failures >= 0 || d_.reset_limit >= 0) return false;
   int failed = 0;
   for (const auto& [slot, w] : s_.workers) {
-    if (w.running) return false;  // one may still start
+    if (w.running) return false;                 // one may still start
     if (w.launched_at == TimePoint{}) continue;  // never launched
     if (!w.start_failed) return false;
     ++failed;
   }
-  Event("round_failed", {{"round", s_.round},
-                         {"size", int64_t(failed)},
-                         {"slot", last.slot},
-                         {"message", what}});
+  Event("round_failed",
+        {{"round", s_.round}, {"size", int64_t(failed)}, {"slot", last.slot}, {"message", what}});
   Terminate(1, fmt::format("every worker started so far ({}) exited before it connected to the "
                            "driver, and no round ever formed; the last: {} (its output is "
                            "above: the program fails before elastic.init(), e.g. an import "
@@ -701,7 +699,8 @@ void Policy::OnReport(const rendezvous::Report& r) {
       break;
     case rendezvous::ReportKind::kCommitted:
       if (w.step >= 0 && r.step > w.step && w.commit_at > s_.formed_at && r.round == s_.formed) {
-        s_.longest_interval = std::max(s_.longest_interval, (Now() - w.commit_at) / (r.step - w.step));
+        s_.longest_interval =
+            std::max(s_.longest_interval, (Now() - w.commit_at) / (r.step - w.step));
         double secs = Secs(Now() - w.commit_at);
         if (secs > 0) w.rate = static_cast<double>(r.step - w.step) / secs;
       }
@@ -894,7 +893,8 @@ void Policy::OnRoundFormed(const rendezvous::FormedRound& f) {
                          {"version", f.version},
                          {"sync_required", f.sync_required}});
   if (s_.recovering) {
-    Event("recovery_phase", {{"phase", "rendezvous"}, {"seconds", Secs(Now() - s_.recovery_start)}});
+    Event("recovery_phase",
+          {{"phase", "rendezvous"}, {"seconds", Secs(Now() - s_.recovery_start)}});
   }
 }
 
@@ -958,16 +958,17 @@ void Policy::OnJoinTimeout(int64_t round, const std::vector<std::string>& missin
   }
   s_.round_broken = true;
   s_.members.erase(std::remove_if(s_.members.begin(), s_.members.end(),
-                                [&](const std::string& s) {
-                                  return std::find(missing.begin(), missing.end(), s) !=
-                                         missing.end();
-                                }),
-                 s_.members.end());
+                                  [&](const std::string& s) {
+                                    return std::find(missing.begin(), missing.end(), s) !=
+                                           missing.end();
+                                  }),
+                   s_.members.end());
   Replan("slots did not join");
 }
 
 void Policy::AbortFormedRound(const std::string& gone, const std::string& why) {
-  if (std::find(s_.formed_members.begin(), s_.formed_members.end(), gone) == s_.formed_members.end()) {
+  if (std::find(s_.formed_members.begin(), s_.formed_members.end(), gone) ==
+      s_.formed_members.end()) {
     return;
   }
   AbortRound(gone, why);
@@ -1174,9 +1175,10 @@ void Policy::CheckHang() {
     culprits = behind;
     why = "started fewer collectives than its peers";
   }
-  std::string span = fmt::format("round {} made no progress for {:.1f} s (--hang-timeout {:.0f} s{})",
-                                 s_.formed, Secs(now - progress), Secs(HangTimeout()),
-                                 committed ? "" : ", doubled before the round's first commit");
+  std::string span =
+      fmt::format("round {} made no progress for {:.1f} s (--hang-timeout {:.0f} s{})", s_.formed,
+                  Secs(now - progress), Secs(HangTimeout()),
+                  committed ? "" : ", doubled before the round's first commit");
   if (culprits.empty()) {
     // No member stands out yet. A stopped one goes silent within a few seconds: wait for that
     // before deciding that the whole round hangs.
@@ -1212,10 +1214,10 @@ void Policy::CheckExitHang() {
     if (it == s_.workers.end() || !it->second.running || it->second.exit_hung) continue;
     Worker& w = it->second;
     w.exit_hung = true;
-    std::string why = fmt::format(
-        "did not exit {:.0f} s after worker {} finished (--hang-timeout {:.0f} s){}",
-        Secs(Now() - s_.finishing_at), Label(s_.finisher), Secs(HangTimeout()),
-        w.finished ? "; it had finished training: a hang in its teardown" : "");
+    std::string why =
+        fmt::format("did not exit {:.0f} s after worker {} finished (--hang-timeout {:.0f} s){}",
+                    Secs(Now() - s_.finishing_at), Label(s_.finisher), Secs(HangTimeout()),
+                    w.finished ? "; it had finished training: a hang in its teardown" : "");
     HungEvent(w, why);
     Log(Action::kWarn, fmt::format("worker {} (slot {}, host {}, pid {}) {}; dumping its stacks "
                                    "into its log and killing it",
@@ -1270,12 +1272,12 @@ JobView Policy::View() const {
   v.checkpoint_path = s_.checkpoint_path;
   v.checkpoint_error = s_.checkpoint_error;
   v.checkpoint_failures = s_.checkpoint_failures;
-  v.phase = s_.shutting_down ? "stopping"
-            : s_.finishing   ? "finishing"
+  v.phase = s_.shutting_down                    ? "stopping"
+            : s_.finishing                      ? "finishing"
             : s_.wait_until != TimePoint::max() ? "waiting"
             : !s_.started                       ? "starting"
-            : s_.round != s_.formed               ? "changing"
-                                              : "training";
+            : s_.round != s_.formed             ? "changing"
+                                                : "training";
   for (const auto& slot : s_.formed_members) {
     const Worker& w = s_.workers.at(slot);
     MemberView m;
@@ -1321,7 +1323,8 @@ void Policy::Progress() {
     if (epoch_size > 0) line += fmt::format(" ({:.0f}%)", 100.0 * cursor / epoch_size);
   }
   if (samples >= 0 && s_.progress_samples >= 0 && now > s_.progress_at) {
-    line += fmt::format(", {:.1f} samples/s", (samples - s_.progress_samples) / Secs(now - s_.progress_at));
+    line += fmt::format(", {:.1f} samples/s",
+                        (samples - s_.progress_samples) / Secs(now - s_.progress_at));
   }
   line += v.since_recovery < 0 ? ", no recovery yet"
                                : fmt::format(", last recovery {:.0f} s ago", v.since_recovery);
@@ -1367,10 +1370,10 @@ void Policy::OnTimer() {
   }
   if (now >= s_.wait_until) {
     s_.wait_until = TimePoint::max();
-    std::string what = std::string("timed out waiting for ") +
-                       (s_.started ? "--min-np " + std::to_string(d_.min_np)
-                                 : "-np " + std::to_string(d_.np)) +
-                       " workers";
+    std::string what =
+        std::string("timed out waiting for ") +
+        (s_.started ? "--min-np " + std::to_string(d_.min_np) : "-np " + std::to_string(d_.np)) +
+        " workers";
     Terminate(1, hosts_.Available().empty()
                      ? "no hosts left (every listed host is gone or blacklisted); " + what
                      : what);
@@ -1385,8 +1388,8 @@ void Policy::OnTimer() {
         // Its old round may still run, its peers waiting on it in a collective; a peer cut
         // off by the network never tells them it died: they are aborted out of it.
         if (s_.aborted < s_.formed) {
-          AbortFormedRound(slot, "slot " + slot + " of round " + std::to_string(s_.formed) +
-                                     " lost contact");
+          AbortFormedRound(
+              slot, "slot " + slot + " of round " + std::to_string(s_.formed) + " lost contact");
         }
         continue;
       }

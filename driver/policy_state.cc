@@ -45,7 +45,9 @@ struct Writer {
     for (const auto& [k, v] : m) out[k] = Put(v);
     return out;
   }
-  json Put(const discovery::HostSlots& h) const { return json{{"host", h.host}, {"slots", h.slots}}; }
+  json Put(const discovery::HostSlots& h) const {
+    return json{{"host", h.host}, {"slots", h.slots}};
+  }
   json Put(const discovery::HostTable::Entry& e) const {
     return json{{"slots", e.slots},
                 {"listed", e.listed},
@@ -156,6 +158,7 @@ struct Reader {
   void Get(const json& j, const std::string& path, WorkerState* w) const;
 };
 
+// clang-format off
 // Every field of a WorkerState, once: X(name).
 #define WORKER_FIELDS(X)                                                                      \
   X(slot) X(host) X(local) X(running) X(dropped) X(removed) X(finished) X(leaving) X(spare)     \
@@ -174,6 +177,7 @@ struct Reader {
   X(first_commit_logged) X(started) X(restore_round) X(lost_committed) X(checkpoint_version)    \
   X(checkpoint_step) X(checkpoint_failures) X(checkpoint_seconds) X(checkpoint_path)            \
   X(checkpoint_error) X(last_listed) X(last_listed_order)
+// clang-format on
 
 json Writer::Put(const WorkerState& w) const {
   json out = json::object();

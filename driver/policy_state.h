@@ -29,19 +29,19 @@ struct WorkerState {
   bool spare = false;     // a warm spare (--spares): started, waiting in Join for a place
   bool rescued = false;   // removed, then kept as a member for the state it holds
   TimePoint lost_at = TimePoint::max();  // Watch broke; lost unless it exits by then
-  int watches = 0;       // Watch streams open from the slot's process
+  int watches = 0;                       // Watch streams open from the slot's process
   int stale_closes = 0;  // closes still to come from the streams of an earlier process
-  int64_t round = -1;     // the round it is in (formed member, or launched for)
-  int rank = -1;          // its rank there (planned until that round forms)
+  int64_t round = -1;    // the round it is in (formed member, or launched for)
+  int rank = -1;         // its rank there (planned until that round forms)
   int64_t pid = 0;
-  int64_t step = -1;  // of its newest commit
-  int64_t version = 0;  // of the state it says it holds (its newest commit report)
+  int64_t step = -1;          // of its newest commit
+  int64_t version = 0;        // of the state it says it holds (its newest commit report)
   TimePoint commit_at{};      // when its newest commit report came
   int64_t logged_round = -1;  // the round of its last `committed` event
   // From its newest report of any kind (a heartbeat comes every second).
   TimePoint heard_at{};
   TimePoint launched_at{};  // when its current process was started
-  TimePoint moved_at{};  // when its count of collectives last changed
+  TimePoint moved_at{};     // when its count of collectives last changed
   int64_t heard_round = -1;
   int64_t collectives = 0;
   bool in_collective = false;
@@ -61,25 +61,25 @@ struct WorkerState {
 struct PolicyState {
   discovery::HostTable::State hosts;
   std::map<std::string, WorkerState> workers;  // by slot
-  std::vector<std::string> members;       // newest proposed round, rank order
-  int64_t round = -1;                     // newest proposed round
-  int64_t formed = -1;                    // newest formed round
+  std::vector<std::string> members;            // newest proposed round, rank order
+  int64_t round = -1;                          // newest proposed round
+  int64_t formed = -1;                         // newest formed round
   std::vector<std::string> formed_members;
-  std::vector<std::string> failure_order;  // slots, in the order their failure reports came
-  std::set<std::string> kept;  // StateKeepers() at the newest re-plan
-  int64_t aborted = -1;    // newest formed round whose members got ABORT
-  int64_t withdrawn = -1;  // newest proposed round withdrawn
+  std::vector<std::string> failure_order;         // slots, in the order their failure reports came
+  std::set<std::string> kept;                     // StateKeepers() at the newest re-plan
+  int64_t aborted = -1;                           // newest formed round whose members got ABORT
+  int64_t withdrawn = -1;                         // newest proposed round withdrawn
   std::map<std::string, int64_t> incident_round;  // host -> round of its last counted failure
   int resets = 0, failures = 0;
-  int spare_failures = 0;  // spares that exited before taking a place
-  TimePoint formed_at{};           // when the newest formed round formed
-  TimePoint next_progress{};       // next progress line (after the first round forms)
-  int64_t progress_samples = -1;   // samples at the last progress line
+  int spare_failures = 0;         // spares that exited before taking a place
+  TimePoint formed_at{};          // when the newest formed round formed
+  TimePoint next_progress{};      // next progress line (after the first round forms)
+  int64_t progress_samples = -1;  // samples at the last progress line
   int64_t progress_step = -1;
   TimePoint progress_at{};
-  Duration longest_interval{0};    // between two commits of a worker, per step
+  Duration longest_interval{0};  // between two commits of a worker, per step
   bool finishing = false;
-  std::string finisher;  // the first member that finished
+  std::string finisher;      // the first member that finished
   TimePoint finishing_at{};  // when it did: the others must exit within the hang timeout
   bool shutting_down = false;
   int exit_code = 0;

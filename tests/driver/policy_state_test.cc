@@ -191,7 +191,8 @@ class Sim {
     } else if (pick < 79) {
       std::vector<std::string> members = a_->members();
       if (members.empty()) return Advance();
-      std::vector<std::string> missing = {members[Uniform(0, static_cast<int>(members.size()) - 1)]};
+      std::vector<std::string> missing = {
+          members[Uniform(0, static_cast<int>(members.size()) - 1)]};
       int64_t round = a_->proposed_round();
       Both([&](Policy& p) { p.OnJoinTimeout(round, missing); });
     } else if (pick < 81) {
@@ -344,9 +345,9 @@ TEST_CASE("a policy restored from its saved state decides as the original", "[po
   for (const auto& [k, n] : compared) seen += k + "=" + std::to_string(n) + " ";
   INFO("compared after the restore: " << seen);
   if (std::getenv("ELASTIC_POLICY_SEED") == nullptr) {
-    for (const char* kind : {"0", "3", "4", "5", "round_proposed", "round_formed",
-                             "worker_exited", "worker_lost", "worker_hung", "host_blacklisted", "job_ending",
-                             "spare_promoted", "state_restored"}) {
+    for (const char* kind :
+         {"0", "3", "4", "5", "round_proposed", "round_formed", "worker_exited", "worker_lost",
+          "worker_hung", "host_blacklisted", "job_ending", "spare_promoted", "state_restored"}) {
       INFO(kind);
       CHECK(compared[kind] > 0);
     }

@@ -1047,7 +1047,6 @@ TEST_CASE("policy: with --max-failures or --reset-limit, every member failing is
   }
 }
 
-
 // Found trying Horovod's MNIST example (it imported a module this machine lacked): every
 // worker exited 1 before connecting, the host was blacklisted, and the job waited
 // --elastic-timeout (600 s) for hosts.
@@ -1069,8 +1068,10 @@ TEST_CASE("policy: every worker failing before it connects ends a job that never
   CHECK(Events(a, "round_failed").size() == 1);
 }
 
-TEST_CASE("policy: a start failure is not the end when a worker connected, was killed, or "
-          "retries are allowed", "[unit]") {
+TEST_CASE(
+    "policy: a start failure is not the end when a worker connected, was killed, or "
+    "retries are allowed",
+    "[unit]") {
   SECTION("one worker connected before it failed") {
     Job job(Discovered(2));
     job.policy->Start({{"h", 2}});
