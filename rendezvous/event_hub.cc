@@ -14,8 +14,14 @@ StatusOr<uint64_t> EventHub::Subscribe(const std::string& slot, Handler handler)
   }
   ++count;
   uint64_t id = next_id_++;
+  // The newest abort first when a later event followed it (it is older): a worker whose
+  // stream was down when its round was aborted must still leave that round.
+  auto abort = last_abort_.find(slot);
   auto it = last_event_.find(slot);
-  if (it != last_event_.end()) handler(it->second);
+  if (abort != last_abort_.end() && (it == last_event_.end() || it->second.seq != abort->second.seq)) {
+    handler(abort->second.event);
+  }
+  if (it != last_event_.end()) handler(it->second.event);
   subs_.emplace(id, Sub{slot, std::move(handler)});
   return id;
 }
@@ -32,7 +38,7 @@ void EventHub::Unsubscribe(uint64_t id) {
 void EventHub::Publish(const std::string& slot, const Event& event) {
   std::lock_guard<std::mutex> g(mu_);
   if (closed_) return;
-  last_event_[slot] = event;
+  Remember(slot, event);
   for (auto& [id, sub] : subs_) {
     if (sub.slot == slot) sub.handler(event);
   }
@@ -42,9 +48,15 @@ void EventHub::PublishAll(const Event& event) {
   std::lock_guard<std::mutex> g(mu_);
   if (closed_) return;
   for (auto& [id, sub] : subs_) {
-    last_event_[sub.slot] = event;
+    Remember(sub.slot, event);
     sub.handler(event);
   }
+}
+
+void EventHub::Remember(const std::string& slot, const Event& event) {
+  Kept kept{event, next_seq_++};
+  if (event.kind == EventKind::kAbort) last_abort_[slot] = kept;
+  last_event_[slot] = std::move(kept);
 }
 
 void EventHub::Close() {

@@ -20,7 +20,9 @@ class EventHub {
   explicit EventHub(size_t max_watchers_per_slot) : max_per_slot_(max_watchers_per_slot) {}
 
   // Registers `handler` for events of `slot`. The last event sent to the slot (if any) is
-  // replayed to it at once, so a watcher that connects late still learns of a pending fence.
+  // replayed to it at once, so a watcher that connects late still learns of a pending fence;
+  // before it, the newest ABORT sent to the slot when another event came after it (a worker
+  // whose stream was down when its round was aborted, then fenced, must still leave it).
   // Returns a subscription id, or RESOURCE_EXHAUSTED when the slot has too many watchers,
   // or UNAVAILABLE after Close(). Handlers run with the hub's lock held: they must be quick
   // and must not call back into the hub.
@@ -44,7 +46,15 @@ class EventHub {
   uint64_t next_id_ = 1;                               // guarded by mu_
   std::map<uint64_t, Sub> subs_;                       // guarded by mu_
   std::unordered_map<std::string, size_t> per_slot_;   // guarded by mu_
-  std::unordered_map<std::string, Event> last_event_;  // guarded by mu_
+  struct Kept {
+    Event event;
+    uint64_t seq = 0;  // publish order
+  };
+  // Keeps `event` as the slot's last (and its last abort); with mu_ held.
+  void Remember(const std::string& slot, const Event& event);
+  uint64_t next_seq_ = 1;                             // guarded by mu_
+  std::unordered_map<std::string, Kept> last_event_;  // guarded by mu_
+  std::unordered_map<std::string, Kept> last_abort_;  // guarded by mu_
 };
 
 }  // namespace elastic::rendezvous

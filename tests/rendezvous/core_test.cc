@@ -501,6 +501,29 @@ TEST_CASE("events fan out to every watcher of a slot, and late watchers see the 
   CHECK(hub.Subscribe("a:0", [](const Event&) {}).status().code() == Code::kUnavailable);
 }
 
+// Found by the namespace soak (seed 420064826, job 18): a worker whose link was down when
+// its round was aborted reconnected its Watch after the driver had fenced the next rounds; it
+// saw only the newest fence, stayed in a collective with a dead peer, and its new round waited
+// the rendezvous timeout (34 s).
+TEST_CASE("a late watcher learns of an abort that a later fence followed", "[unit]") {
+  EventHub hub(8);
+  hub.Publish("a:0", Event{EventKind::kAbort, 14, "peer lost"});
+  hub.Publish("a:0", Event{EventKind::kMembershipChanging, 15, "worker 1 failed"});
+  hub.Publish("a:0", Event{EventKind::kMembershipChanging, 16, "hosts changed"});
+  std::vector<std::pair<EventKind, int64_t>> late;
+  auto id = hub.Subscribe("a:0", [&](const Event& e) { late.emplace_back(e.kind, e.round); });
+  REQUIRE(id.ok());
+  CHECK(late == std::vector<std::pair<EventKind, int64_t>>{
+                    {EventKind::kAbort, 14}, {EventKind::kMembershipChanging, 16}});
+  // An abort that is itself the newest event is replayed once.
+  hub.Publish("a:1", Event{EventKind::kAbort, 3, "peer lost"});
+  std::vector<EventKind> once;
+  auto other = hub.Subscribe("a:1", [&](const Event& e) { once.push_back(e.kind); });
+  REQUIRE(other.ok());
+  CHECK(once == std::vector<EventKind>{EventKind::kAbort});
+  hub.Close();
+}
+
 TEST_CASE("a slot's watchers are bounded", "[unit]") {
   EventHub hub(2);
   REQUIRE(hub.Subscribe("a:0", [](const Event&) {}).ok());
