@@ -45,19 +45,12 @@ struct Writer {
     for (const auto& [k, v] : m) out[k] = Put(v);
     return out;
   }
-  json Put(const discovery::HostSlots& h) const {
-    return json{{"host", h.host}, {"slots", h.slots}};
-  }
-  json Put(const discovery::HostTable::Entry& e) const {
-    return json{{"slots", e.slots},
-                {"listed", e.listed},
-                {"failures", e.failures},
-                {"times_blacklisted", e.times_blacklisted},
-                {"blacklisted", e.blacklisted},
-                {"until", Put(e.until)},
-                {"end_told", e.end_told}};
-  }
-  json Put(const WorkerState& w) const;
+  // The structs, field by field (FIELDS below).
+  json Put(const discovery::HostSlots& v) const;
+  json Put(const discovery::HostTable::Entry& v) const;
+  json Put(const discovery::HostTable::State& v) const;
+  json Put(const WorkerState& v) const;
+  json Put(const PolicyState& v) const;
 };
 
 // Reading: throws Bad naming the field's path; LoadPolicyState turns it into a Status.
@@ -140,36 +133,27 @@ struct Reader {
       (*m)[it.key()] = std::move(x);
     }
   }
-  void Get(const json& j, const std::string& path, discovery::HostSlots* h) const {
-    Get(At(j, "host", path), path + ".host", &h->host);
-    Get(At(j, "slots", path), path + ".slots", &h->slots);
-  }
-  void Get(const json& j, const std::string& path, discovery::HostTable::Entry* e) const {
-#define FIELD(name) Get(At(j, #name, path), path + "." #name, &e->name)
-    FIELD(slots);
-    FIELD(listed);
-    FIELD(failures);
-    FIELD(times_blacklisted);
-    FIELD(blacklisted);
-    FIELD(until);
-    FIELD(end_told);
-#undef FIELD
-  }
-  void Get(const json& j, const std::string& path, WorkerState* w) const;
+  void Get(const json& j, const std::string& path, discovery::HostSlots* v) const;
+  void Get(const json& j, const std::string& path, discovery::HostTable::Entry* v) const;
+  void Get(const json& j, const std::string& path, discovery::HostTable::State* v) const;
+  void Get(const json& j, const std::string& path, WorkerState* v) const;
+  void Get(const json& j, const std::string& path, PolicyState* v) const;
 };
 
 // clang-format off
-// Every field of a WorkerState, once: X(name).
+// Every saved field of each struct, once: X(name); each is saved under its own name.
+#define HOST_SLOTS_FIELDS(X) X(host) X(slots)
+#define ENTRY_FIELDS(X)                                                                       \
+  X(slots) X(listed) X(failures) X(times_blacklisted) X(blacklisted) X(until) X(end_told)
+#define TABLE_FIELDS(X) X(order) X(hosts) X(rng) X(last_cooldown)
 #define WORKER_FIELDS(X)                                                                      \
   X(slot) X(host) X(local) X(running) X(dropped) X(removed) X(finished) X(leaving) X(spare)     \
   X(rescued) X(lost_at) X(watches) X(stale_closes) X(round) X(rank) X(pid) X(step) X(version) \
   X(commit_at) X(logged_round) X(heard_at) X(launched_at) X(moved_at) X(heard_round)          \
   X(collectives) X(in_collective) X(stack_signal) X(epoch) X(cursor) X(samples) X(epoch_size) \
   X(rate) X(failed_round) X(failure) X(exit_hung) X(start_failed)
-
-// Every field of a PolicyState but its host table, once.
 #define POLICY_FIELDS(X)                                                                        \
-  X(workers) X(members) X(round) X(formed) X(formed_members) X(failure_order) X(kept)           \
+  X(hosts) X(workers) X(members) X(round) X(formed) X(formed_members) X(failure_order) X(kept) \
   X(aborted) X(withdrawn) X(incident_round) X(resets) X(failures) X(spare_failures)             \
   X(formed_at) X(next_progress) X(progress_samples) X(progress_step) X(progress_at)             \
   X(longest_interval) X(finishing) X(finisher) X(finishing_at) X(shutting_down) X(exit_code)    \
@@ -177,39 +161,34 @@ struct Reader {
   X(first_commit_logged) X(started) X(restore_round) X(lost_committed) X(checkpoint_version)    \
   X(checkpoint_step) X(checkpoint_failures) X(checkpoint_seconds) X(checkpoint_path)            \
   X(checkpoint_error) X(last_listed) X(last_listed_order)
+
+// Writer::Put and Reader::Get of `Type`, from its field list.
+#define PUT_FIELD(name) out[#name] = Put(v.name);
+#define GET_FIELD(name) Get(At(j, #name, path), path + "." #name, &v->name);
+#define SAVED_STRUCT(Type, FIELDS)                                                  \
+  json Writer::Put(const Type& v) const {                                           \
+    json out = json::object();                                                      \
+    FIELDS(PUT_FIELD)                                                               \
+    return out;                                                                     \
+  }                                                                                 \
+  void Reader::Get(const json& j, const std::string& path, Type* v) const {         \
+    FIELDS(GET_FIELD)                                                               \
+  }
 // clang-format on
 
-json Writer::Put(const WorkerState& w) const {
-  json out = json::object();
-#define PUT(name) out[#name] = Put(w.name);
-  WORKER_FIELDS(PUT)
-#undef PUT
-  return out;
-}
-
-void Reader::Get(const json& j, const std::string& path, WorkerState* w) const {
-#define GET(name) Get(At(j, #name, path), path + "." #name, &w->name);
-  WORKER_FIELDS(GET)
-#undef GET
-}
+SAVED_STRUCT(discovery::HostSlots, HOST_SLOTS_FIELDS)
+SAVED_STRUCT(discovery::HostTable::Entry, ENTRY_FIELDS)
+SAVED_STRUCT(discovery::HostTable::State, TABLE_FIELDS)
+SAVED_STRUCT(WorkerState, WORKER_FIELDS)
+SAVED_STRUCT(PolicyState, POLICY_FIELDS)
 
 constexpr int kFormat = 1;
 
 }  // namespace
 
 std::string SavePolicyState(const PolicyState& s, TimePoint now) {
-  Writer w{now};
-  json out = json::object();
+  json out = Writer{now}.Put(s);
   out["format"] = kFormat;
-#define PUT(name) out[#name] = w.Put(s.name);
-  POLICY_FIELDS(PUT)
-#undef PUT
-  json hosts = json::object();
-  hosts["order"] = w.Put(s.hosts.order);
-  hosts["hosts"] = w.Put(s.hosts.hosts);
-  hosts["rng"] = s.hosts.rng;
-  hosts["last_cooldown"] = w.Put(s.hosts.last_cooldown);
-  out["hosts"] = std::move(hosts);
   return out.dump();
 }
 
@@ -225,15 +204,7 @@ StatusOr<PolicyState> LoadPolicyState(const std::string& text, TimePoint now) {
       return InvalidArgument("the driver's saved state has format " + std::to_string(format) +
                              "; this elastic-run reads format " + std::to_string(kFormat));
     }
-#define GET(name) r.Get(r.At(j, #name, "state"), "state." #name, &s.name);
-    POLICY_FIELDS(GET)
-#undef GET
-    const json& hosts = r.At(j, "hosts", "state");
-    r.Get(r.At(hosts, "order", "state.hosts"), "state.hosts.order", &s.hosts.order);
-    r.Get(r.At(hosts, "hosts", "state.hosts"), "state.hosts.hosts", &s.hosts.hosts);
-    r.Get(r.At(hosts, "rng", "state.hosts"), "state.hosts.rng", &s.hosts.rng);
-    r.Get(r.At(hosts, "last_cooldown", "state.hosts"), "state.hosts.last_cooldown",
-          &s.hosts.last_cooldown);
+    r.Get(j, "state", &s);
   } catch (const Bad& b) {
     return InvalidArgument("the driver's saved state: " + b.what);
   }
