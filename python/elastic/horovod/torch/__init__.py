@@ -358,16 +358,14 @@ class DistributedOptimizer(_et.DistributedOptimizer):
                     raise ValueError("DistributedOptimizer: a sparse gradient (e.g. from "
                                      "nn.Embedding(sparse=True)); pass sparse_as_dense=True")
                 p.grad = p.grad.to_dense()
-        grads = [p.grad for p in params]
         f = self.gradient_predivide_factor
+        if self.compression is Compression.none and f == 1.0:
+            return _et.DistributedOptimizer._reduce(self, params)  # one fused reduction
         op, pre, post = self.op, 1.0, 1.0
         if f != 1.0:
             op, pre, post = Sum, 1.0 / f, f / size()
-        if self.compression is Compression.none and pre == 1.0 and post == 1.0:
-            _el.grouped_allreduce_(grads, op=op)
-            return
         with torch.no_grad():
-            for g in grads:
+            for g in (p.grad for p in params):
                 g.copy_(allreduce(g, op=op, compression=self.compression, prescale_factor=pre,
                                   postscale_factor=post))
 

@@ -1,8 +1,5 @@
 """hvd.elastic: Horovod's elastic API (``horovod.torch.elastic``) over elastic-run's recovery
 loop: run, State, ObjectState, TorchState (Horovod's signature) and ElasticSampler."""
-import functools
-
-import torch
 
 import elastic as _el
 import elastic.torch as _et
@@ -21,13 +18,7 @@ def run(func):
     """Horovod's ``@hvd.elastic.run``: ``func(state, ...)`` under the recovery loop (a lost
     peer rolls the state back to its last commit, a membership change re-forms at a commit,
     the reset callbacks run after every new round)."""
-    wrapped = _el.run(func)
-
-    @functools.wraps(func)
-    def wrapper(state, *args, **kwargs):
-        return wrapped(state, *args, **kwargs)
-
-    return wrapper
+    return _el.run(func)
 
 
 class State(_el.State):
