@@ -577,6 +577,9 @@ void Driver::HandlePosted(Posted& p) {
     case Posted::kReport:
       policy_.OnReport(p.report);
       break;
+    case Posted::kWaitingForPlace:
+      policy_.OnWaitingForPlace(p.slots[0]);
+      break;
     case Posted::kWatchOpened:
       policy_.OnWatch(p.slots[0], true);
       break;

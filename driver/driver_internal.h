@@ -38,6 +38,7 @@ struct Posted {
     kJoinTimeout,
     kMemberLeft,
     kReport,
+    kWaitingForPlace,
     kWatchOpened,
     kWatchClosed,
     kDiscovery,
@@ -105,6 +106,11 @@ class Driver : public rendezvous::Listener {
   void OnReport(const rendezvous::Report& r) override {
     Posted p{Posted::kReport};
     p.report = r;
+    Post(std::move(p));
+  }
+  void OnWaitingForPlace(const std::string& slot) override {
+    Posted p{Posted::kWaitingForPlace};
+    p.slots = {slot};
     Post(std::move(p));
   }
   void OnWatchOpened(const std::string& slot) override {

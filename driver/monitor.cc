@@ -139,6 +139,11 @@ std::string Monitor::StatusJson() const {
   json spares = json::array();
   for (const auto& [slot, pid] : view_.spares) spares.push_back({{"slot", slot}, {"pid", pid}});
   j["spares"] = spares;
+  json newcomers = json::array();
+  for (const auto& [slot, pid] : view_.newcomers) {
+    newcomers.push_back({{"slot", slot}, {"pid", pid}});
+  }
+  j["newcomers"] = newcomers;
   json recs = json::array();
   for (const auto& r : recoveries_) {
     recs.push_back({{"started", r.started},
@@ -390,6 +395,13 @@ int RunStatusCommand(const std::string& job_file, bool as_json) {
   if (s.contains("spares") && !s["spares"].empty()) {
     std::printf("\nwarm spares (waiting for a place):\n");
     for (const auto& sp : s["spares"]) {
+      std::printf("  %-24s pid %s\n", sp["slot"].get<std::string>().c_str(),
+                  Int(sp["pid"]).c_str());
+    }
+  }
+  if (s.contains("newcomers") && !s["newcomers"].empty()) {
+    std::printf("\nnew workers starting (the job re-forms with each once it is ready):\n");
+    for (const auto& sp : s["newcomers"]) {
       std::printf("  %-24s pid %s\n", sp["slot"].get<std::string>().c_str(),
                   Int(sp["pid"]).c_str());
     }

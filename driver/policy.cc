@@ -76,6 +76,9 @@ TimePoint Policy::NextDeadline() const {
   TimePoint next = std::min(s_.kill_at, s_.wait_until);
   for (const auto& [slot, w] : s_.workers) {
     if (w.running) next = std::min(next, w.lost_at);
+    if (w.running && w.joiner && !w.ready && !w.dropped && !s_.shutting_down) {
+      next = std::min(next, w.launched_at + d_.rendezvous_timeout);
+    }
   }
   if (!s_.shutting_down) next = std::min(next, hosts_.NextCooldownEnd());
   if (!s_.shutting_down && s_.finishing) {
@@ -120,7 +123,8 @@ PlanInput Policy::MakePlanInput(std::vector<discovery::HostSlots> available) con
     if (in.keep.count(slot) && !w.dropped) {
       in.alive.insert(slot);  // a removed worker that alone holds the state stays a member
     } else if (w.spare && !w.dropped && !w.removed) {
-      in.spares.insert(slot);
+      // A newcomer still starting is planned for no one: its peers must not wait for it.
+      (w.joiner && !w.ready ? in.busy : in.spares).insert(slot);
     } else if (!w.dropped && !w.removed && !w.leaving) {
       in.alive.insert(slot);
     } else {
@@ -196,6 +200,20 @@ void Policy::Replan(const std::string& reason) {
   PlanInput in = MakePlanInput(hosts_.Available());
   auto alive = [&](const std::string& slot) { return in.alive.count(slot) > 0; };
   std::vector<std::string> plan = PlanMembers(in);
+  size_t need = static_cast<size_t>(s_.started ? d_.min_np : d_.np);
+  if (plan.size() < need) {
+    // Too few without the newcomers still starting: the round waits for them, as for any new
+    // process (they are members from now on).
+    bool starting = false;
+    for (const auto& [slot, w] : s_.workers) {
+      if (w.running && w.joiner && !w.ready && in.busy.count(slot)) {
+        in.busy.erase(slot);
+        in.spares.insert(slot);
+        starting = true;
+      }
+    }
+    if (starting) plan = PlanMembers(in);
+  }
   for (const auto& slot : in.keep) {
     if (s_.kept.count(slot)) continue;
     const Worker& w = s_.workers.at(slot);
@@ -207,7 +225,6 @@ void Policy::Replan(const std::string& reason) {
     Event("holder_kept", {{"slot", slot}, {"version", w.version}});
   }
   s_.kept = in.keep;
-  size_t need = static_cast<size_t>(s_.started ? d_.min_np : d_.np);
   if (plan.size() < need) {
     std::string needed =
         s_.started ? "--min-np " + std::to_string(d_.min_np) : "-np " + std::to_string(d_.np);
@@ -239,9 +256,49 @@ void Policy::Replan(const std::string& reason) {
     return;
   }
   s_.wait_until = TimePoint::max();
-  if (plan == s_.members && s_.round >= 0 && !s_.round_broken) {  // nothing to change
+  // Survivors never wait for a process to start (an import of torch takes seconds): once a
+  // round has formed, the slots that need a new process (a lost member's, one discovery added)
+  // get a newcomer that the next round does not include, as long as the others are enough. It
+  // starts, initialises and waits in Join like a warm spare; once it is there
+  // (OnWaitingForPlace) the job re-forms with it at the members' next commit.
+  std::vector<std::string> newcomers;
+  if (d_.elastic && s_.started) {
+    std::vector<std::string> rest;
+    for (const auto& slot : plan) {
+      (alive(slot) || in.spares.count(slot) ? rest : newcomers).push_back(slot);
+    }
+    if (!newcomers.empty() && rest.size() >= std::max<size_t>(need, 1)) {
+      plan = std::move(rest);
+    } else {
+      newcomers.clear();
+    }
+  }
+  const bool changes = !(plan == s_.members && s_.round >= 0 && !s_.round_broken);
+  for (const auto& slot : newcomers) {
+    Worker& w = WorkerFor(slot);
+    Launch(w, -1, /*spare=*/true);
+    w.joiner = true;
+    // Its place is the one a lost member left (this change counts as the job's reset), or a
+    // new one (its arrival will).
+    w.paid = changes;
+    Log(Action::kInfo, fmt::format("starting a new worker in slot {}; the job goes on without "
+                                   "it and re-forms with it once it is ready",
+                                   slot));
+    Event("newcomer_started", {{"slot", slot}, {"reason", reason}});
+  }
+  if (!changes) {  // nothing to change
     TopUpSpares(plan);
     return;
+  }
+  // The arrival of newcomers for places whose loss was counted already is not another reset.
+  bool only_paid = !s_.round_broken && s_.round >= 0;
+  for (const auto& slot : s_.members) {
+    if (std::find(plan.begin(), plan.end(), slot) == plan.end()) only_paid = false;
+  }
+  for (const auto& slot : plan) {
+    if (std::find(s_.members.begin(), s_.members.end(), slot) != s_.members.end()) continue;
+    auto it = s_.workers.find(slot);
+    if (it == s_.workers.end() || !it->second.joiner || !it->second.paid) only_paid = false;
   }
   for (const auto& slot : plan) {
     auto it = s_.workers.find(slot);
@@ -253,7 +310,7 @@ void Policy::Replan(const std::string& reason) {
     w.rescued = true;
   }
   s_.round_broken = false;
-  if (s_.round >= 0) {
+  if (s_.round >= 0 && !only_paid) {
     if (d_.reset_limit >= 0 && s_.resets >= d_.reset_limit) {
       Terminate(1, "reset limit reached (" + std::to_string(d_.reset_limit) +
                        " resets; raise --reset-limit to allow more)");
@@ -301,10 +358,18 @@ void Policy::Replan(const std::string& reason) {
     const std::string& slot = plan[rank];
     Worker& w = WorkerFor(slot);
     if (in.spares.count(slot)) {
-      // A warm spare takes the place: its Join is waiting already, no process starts.
+      // A warm spare (or a newcomer) takes the place: its Join is waiting already, no process
+      // starts.
       w.spare = false;
       w.round = s_.round;
       w.rank = static_cast<int>(rank);
+      if (w.joiner) {
+        w.joiner = w.ready = w.paid = false;
+        Log(Action::kInfo,
+            fmt::format("round {}: the new worker in slot {} takes its place", s_.round, slot));
+        Event("newcomer_placed", {{"slot", slot}, {"round", s_.round}});
+        continue;
+      }
       Log(Action::kInfo,
           fmt::format("round {}: the spare in slot {} takes a place", s_.round, slot));
       Event("spare_promoted", {{"slot", slot}, {"round", s_.round}});
@@ -334,7 +399,7 @@ Policy::Worker& Policy::WorkerFor(const std::string& slot) {
 }
 
 void Policy::TopUpSpares(const std::vector<std::string>& plan) {
-  if (d_.spares <= 0 || s_.shutting_down || s_.finishing) return;
+  if (s_.shutting_down || s_.finishing) return;
   int have = 0;
   for (auto& [slot, w] : s_.workers) {
     if (!w.running || !w.spare || w.dropped || w.removed) continue;
@@ -343,8 +408,9 @@ void Policy::TopUpSpares(const std::vector<std::string>& plan) {
       SignalSlot(slot, SIGTERM);
       continue;
     }
-    ++have;
+    if (!w.joiner) ++have;  // a newcomer waits for a place of its own
   }
+  if (d_.spares <= 0) return;
   if (s_.spare_failures > d_.spares + 2) return;  // they keep failing: said once, below
   for (const auto& h : hosts_.Available()) {
     for (int i = 0; i < h.slots && have < d_.spares; ++i) {
@@ -363,6 +429,7 @@ void Policy::Launch(Worker& w, int rank, bool spare) {
   w.running = true;
   w.launched_at = Now();
   w.spare = spare;
+  w.joiner = w.ready = w.paid = false;
   w.dropped = w.removed = w.finished = w.leaving = false;
   w.lost_at = TimePoint::max();
   w.stale_closes += w.watches;
@@ -424,8 +491,9 @@ std::vector<std::string> Policy::LostFormedMembers() const {
   if (!s_.started || s_.round == s_.formed) return out;
   for (const auto& slot : s_.formed_members) {
     auto it = s_.workers.find(slot);
+    // Its slot relaunched: for a member of the newer round, or for a newcomer.
     if (it != s_.workers.end() && it->second.round != s_.formed && !it->second.leaving &&
-        !it->second.removed && IsMember(slot)) {
+        !it->second.removed && (IsMember(slot) || (it->second.running && it->second.joiner))) {
       out.push_back(slot);
     }
   }
@@ -489,6 +557,25 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
     // Its slot is free again: a job waiting for slots (the hung worker was killed after the
     // re-plan) can use it now.
     Replan("slot " + slot + " is free");
+    return;
+  }
+  if (w.joiner) {
+    // A newcomer that ends before taking its place: a failure of a new process on its host,
+    // as when a relaunched member fails (its peers train on; the slot gets another).
+    w.joiner = w.ready = w.paid = w.spare = false;
+    std::string what = fmt::format(
+        "the new worker in slot {} (host {}) exited before it took "
+        "its place: {}",
+        slot, w.host, how);
+    ++s_.failures;
+    Log(Action::kWarn, what);
+    RecordHostFailure(w, what, s_.round);
+    if (d_.max_failures >= 0 && s_.failures > d_.max_failures) {
+      Terminate(
+          1, what + "; too many failures (--max-failures " + std::to_string(d_.max_failures) + ")");
+      return;
+    }
+    Replan(what);
     return;
   }
   if (w.spare) {
@@ -637,10 +724,11 @@ void Policy::LoseWorker(Worker& w, const std::string& what) {
   Replan("worker " + rank + " failed");
 }
 
-void Policy::RecordHostFailure(const Worker& w, const std::string& what) {
+void Policy::RecordHostFailure(const Worker& w, const std::string& what, int64_t round) {
+  if (round == kWorkerRound) round = w.round;
   auto it = s_.incident_round.find(w.host);
-  if (it != s_.incident_round.end() && w.round <= it->second) return;  // the same incident
-  s_.incident_round[w.host] = w.round;
+  if (it != s_.incident_round.end() && round <= it->second) return;  // the same incident
+  s_.incident_round[w.host] = round;
   if (!hosts_.RecordFailure(w.host)) return;
   bool forever = hosts_.LastCooldown() == Duration::max();
   Log(Action::kWarn, fmt::format("host {} is blacklisted{} ({})", w.host,
@@ -1027,6 +1115,19 @@ void Policy::HandleLeaving(Worker& w, const std::string& why) {
   }
 }
 
+void Policy::OnWaitingForPlace(const std::string& slot) {
+  auto it = s_.workers.find(slot);
+  if (it == s_.workers.end() || s_.shutting_down) return;
+  Worker& w = it->second;
+  if (!w.running || !w.joiner || w.ready || w.dropped) return;
+  w.ready = true;
+  Log(Action::kInfo, fmt::format("the new worker in slot {} is ready ({:.1f} s after its start); "
+                                 "the job re-forms with it at the next commit",
+                                 slot, Secs(Now() - w.launched_at)));
+  Event("newcomer_ready", {{"slot", slot}, {"seconds", Secs(Now() - w.launched_at)}});
+  Replan("the new worker in slot " + slot + " is ready");
+}
+
 void Policy::OnWatch(const std::string& slot, bool open) {
   auto it = s_.workers.find(slot);
   if (it == s_.workers.end()) return;
@@ -1298,7 +1399,9 @@ JobView Policy::View() const {
     v.blacklisted.emplace_back(host, until == TimePoint::max() ? -1.0 : Secs(until - now));
   }
   for (const auto& [slot, w] : s_.workers) {
-    if (w.running && w.spare && !w.dropped && !w.removed) v.spares.emplace_back(slot, w.pid);
+    if (w.running && w.spare && !w.dropped && !w.removed) {
+      (w.joiner ? v.newcomers : v.spares).emplace_back(slot, w.pid);
+    }
   }
   return v;
 }
@@ -1380,6 +1483,27 @@ void Policy::OnTimer() {
     return;
   }
   if (hosts_.TakeEndedCooldowns()) Replan("a blacklist cooldown ended");
+  for (auto& [slot, w] : s_.workers) {
+    // A newcomer gets the time a new member gets to join (--rendezvous-timeout); its peers do
+    // not wait for it, but its slot is planned for no one else meanwhile.
+    if (w.running && w.joiner && !w.ready && !w.dropped &&
+        now >= w.launched_at + d_.rendezvous_timeout) {
+      std::string what = fmt::format(
+          "the new worker in slot {} (host {}) did not get ready "
+          "within {:.0f} s (--rendezvous-timeout); killing it",
+          slot, w.host, Secs(d_.rendezvous_timeout));
+      Log(Action::kWarn, what);
+      w.dropped = true;
+      ++s_.failures;
+      SignalSlot(slot, SIGKILL);
+      RecordHostFailure(w, what, s_.round);
+      if (d_.max_failures >= 0 && s_.failures > d_.max_failures) {
+        Terminate(1, what + "; too many failures (--max-failures " +
+                         std::to_string(d_.max_failures) + ")");
+        return;
+      }
+    }
+  }
   for (auto& [slot, w] : s_.workers) {
     if (w.running && now >= w.lost_at && !s_.shutting_down) {
       w.lost_at = TimePoint::max();

@@ -79,6 +79,8 @@ struct JobView {
   std::vector<MemberView> members;      // of the formed round, in rank order
   std::vector<std::pair<std::string, double>> blacklisted;  // host, seconds left (-1: for good)
   std::vector<std::pair<std::string, int64_t>> spares;      // warm spares: slot, pid (--spares)
+  // Started for a place the job re-forms to give them once they are ready: slot, pid.
+  std::vector<std::pair<std::string, int64_t>> newcomers;
   int resets = 0, failures = 0;
   double since_recovery = -1;  // seconds since the last recovery began; -1: none
   // --checkpoint-dir: the newest checkpoint written (version -1: none yet), how long its write
@@ -111,6 +113,9 @@ class Policy {
   void OnJoinTimeout(int64_t round, const std::vector<std::string>& missing);
   void OnMemberLeft(int64_t round, const std::string& slot);
   void OnWatch(const std::string& slot, bool open);
+  // The slot's process waits in Join for a place no round gives it yet (a warm spare, or a
+  // newcomer that is ready).
+  void OnWaitingForPlace(const std::string& slot);
   void OnDiscovery(const StatusOr<std::vector<discovery::HostSlots>>& hosts,
                    const std::vector<std::string>& warnings);
   void OnSignal(int signal, const std::string& name);
@@ -186,7 +191,9 @@ class Policy {
   void AbortRound(const std::string& skip, const std::string& why);
   // Counts a failure of `w`'s host, once per incident: every failure of the host's workers in
   // one round is one incident.
-  void RecordHostFailure(const Worker& w, const std::string& what);
+  // `round`: the incident's round (default: the one `w` is in).
+  static constexpr int64_t kWorkerRound = INT64_MIN;
+  void RecordHostFailure(const Worker& w, const std::string& what, int64_t round = kWorkerRound);
   // Whether `need` workers could ever run again without a new host being listed.
   bool CanEverReach(size_t need) const;
   // Workers whose host is no longer listed but who alone hold the newest state any live

@@ -147,11 +147,12 @@ struct Reader {
   X(slots) X(listed) X(failures) X(times_blacklisted) X(blacklisted) X(until) X(end_told)
 #define TABLE_FIELDS(X) X(order) X(hosts) X(rng) X(last_cooldown)
 #define WORKER_FIELDS(X)                                                                      \
-  X(slot) X(host) X(local) X(running) X(dropped) X(removed) X(finished) X(leaving) X(spare)     \
-  X(rescued) X(lost_at) X(watches) X(stale_closes) X(round) X(rank) X(pid) X(step) X(version) \
-  X(commit_at) X(logged_round) X(heard_at) X(launched_at) X(moved_at) X(heard_round)          \
-  X(collectives) X(in_collective) X(stack_signal) X(epoch) X(cursor) X(samples) X(epoch_size) \
-  X(rate) X(failed_round) X(failure) X(exit_hung) X(start_failed)
+  X(slot) X(host) X(local) X(running) X(dropped) X(removed) X(finished) X(leaving) X(spare)   \
+  X(joiner) X(ready) X(paid) X(rescued) X(lost_at) X(watches) X(stale_closes) X(round)        \
+  X(rank) X(pid) X(step) X(version) X(commit_at) X(logged_round) X(heard_at) X(launched_at)   \
+  X(moved_at) X(heard_round) X(collectives) X(in_collective) X(stack_signal) X(epoch)         \
+  X(cursor) X(samples) X(epoch_size) X(rate) X(failed_round) X(failure) X(exit_hung)          \
+  X(start_failed)
 #define POLICY_FIELDS(X)                                                                        \
   X(hosts) X(workers) X(members) X(round) X(formed) X(formed_members) X(failure_order) X(kept) \
   X(aborted) X(withdrawn) X(incident_round) X(resets) X(failures) X(spare_failures)             \

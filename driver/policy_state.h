@@ -27,6 +27,12 @@ struct WorkerState {
   bool finished = false;  // reported FINISHED
   bool leaving = false;   // reported LEAVING: no longer a member, whatever its exit
   bool spare = false;     // a warm spare (--spares): started, waiting in Join for a place
+  // A newcomer (spare is set too): started for a place its peers do not wait for (a lost
+  // member's slot, a slot discovery added); it takes the place at the first re-plan after it
+  // is ready (waiting in Join), and until then its slot is planned for no one.
+  bool joiner = false;
+  bool ready = false;     // a newcomer that waits in Join for its place
+  bool paid = false;      // a newcomer for a lost member's place: its round change was counted
   bool rescued = false;   // removed, then kept as a member for the state it holds
   TimePoint lost_at = TimePoint::max();  // Watch broke; lost unless it exits by then
   int watches = 0;                       // Watch streams open from the slot's process

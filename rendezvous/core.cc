@@ -372,6 +372,10 @@ WaiterId Core::JoinAsync(const std::string& slot, int64_t last_round, int64_t ve
       joins_.emplace(id, JoinWaiter{slot, last_round, version, deadline, std::move(done)});
       join_by_slot_[slot] = id;
       deadlines_.emplace(deadline, id);
+      if (options_.listener && !(proposed_.round >= 0 && proposed_.members.count(slot))) {
+        Listener* l = options_.listener;
+        out.push_back([l, slot] { l->OnWaitingForPlace(slot); });
+      }
       TryForm(&out);
       Wake();
     }

@@ -62,6 +62,9 @@ class Listener {
   // without it.
   virtual void OnMemberLeft(int64_t /*round*/, const std::string& /*slot*/) {}
   virtual void OnReport(const Report& /*report*/) {}
+  // The slot's process waits in Join, and no pending proposal includes it (a warm spare, a
+  // newcomer, a member that left its round).
+  virtual void OnWaitingForPlace(const std::string& /*slot*/) {}
   virtual void OnWatchOpened(const std::string& /*slot*/) {}
   virtual void OnWatchClosed(const std::string& /*slot*/) {}
 };

@@ -35,7 +35,7 @@ else
     export PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
   fi
   EXAMPLE=(/usr/bin/python3 "$ROOT/examples/train_digits.py")
-  ARGS=(--epochs 12 --step-ms 10)
+  ARGS=(--epochs 30 --step-ms 10)
   SAVE_REF=(--save "$WORK/reference.pt") SAVE_RUN=(--save "$WORK/elastic.pt")
 fi
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
@@ -49,21 +49,28 @@ wait_for() {
     sleep 0.1
   done
 }
-formed_with() {  # a round_formed event with N members
-  python3 - "$WORK/events.jsonl" "$1" <<'PY'
+formed_with() {  # a round_formed event with N members, after the first K round_formed events
+  python3 - "$WORK/events.jsonl" "$1" "$2" <<'PY'
 import json, sys
-n = int(sys.argv[2])
-for line in open(sys.argv[1]):
-    e = json.loads(line)
-    if e["event"] == "round_formed" and len(e["members"]) == n:
-        sys.exit(0)
-sys.exit(1)
+n, k = int(sys.argv[2]), int(sys.argv[3])
+formed = [e for e in map(json.loads, open(sys.argv[1])) if e["event"] == "round_formed"]
+sys.exit(0 if any(len(e["members"]) == n for e in formed[k:]) else 1)
 PY
 }
-wait_round() {
-  local deadline=$((SECONDS + 60)) start
-  until formed_with "$1" && [ "$(grep -c round_formed "$WORK/events.jsonl")" -gt "$2" ]; do
+rounds_formed() { grep -c round_formed "$WORK/events.jsonl" 2>/dev/null || true; }
+wait_round() {  # wait_round N K: a round of N workers forms after the first K rounds
+  local deadline=$((SECONDS + 60))
+  until formed_with "$1" "$2"; do
     if [ $SECONDS -ge $deadline ]; then echo "[demo] timed out waiting for a round of $1" >&2; exit 1; fi
+    sleep 0.1
+  done
+}
+# wait_line PATTERN: a line of the job's output that matches, written from now on.
+wait_line() {
+  local seen deadline=$((SECONDS + 60))
+  seen=$(wc -l <"$WORK/job.out")
+  until tail -n +"$((seen + 1))" "$WORK/job.out" | grep -q -- "$1"; do
+    if [ $SECONDS -ge $deadline ]; then echo "[demo] timed out waiting for: $1" >&2; exit 1; fi
     sleep 0.1
   done
 }
@@ -88,20 +95,21 @@ JOB=$!
 tail -n +1 -f "$WORK/job.out" --pid=$JOB | grep --line-buffered -v '<stderr>:.*\[worker\] \[info\]' &
 
 wait_for "$WORK/job.out" "epoch 1 done" 60
-step "discovery now lists localhost:4: the job grows to 4 workers at the next commit"
+step "discovery now lists localhost:4: two new workers start while the others train on; the job grows at a commit as each is ready"
 echo "localhost:4" >"$WORK/hosts"
 wait_round 4 1
 
-wait_for "$WORK/job.out" "epoch 4 done" 60
+wait_line "done: .* 4 workers"
 VICTIM=$(python3 -c "
 import json
 starts = [json.loads(l) for l in open('$WORK/events.jsonl') if '\"worker_started\"' in l]
 print([e['pid'] for e in starts if e['slot'] == 'localhost:1'][-1])")
-step "kill -9 the worker of slot localhost:1 (pid $VICTIM): survivors roll back and re-form"
+BEFORE=$(rounds_formed)
+step "kill -9 the worker of slot localhost:1 (pid $VICTIM): the survivors roll back and re-form at once; a new process for the slot joins them once it is ready"
 kill -9 "$VICTIM"
-wait_round 4 2
+wait_round 4 "$BEFORE"
 
-wait_for "$WORK/job.out" "epoch 7 done" 60
+wait_line "done: .* 4 workers"
 step "discovery now lists localhost:3: slot localhost:3 is removed and exits 0"
 echo "localhost:3" >"$WORK/hosts"
 

@@ -303,7 +303,12 @@ StatusOr<bool> Agent::JoinNextRound(int64_t version) {
     std::lock_guard<std::mutex> g(comm_mu_);
     comm_.reset();
   }
-  if (spare_) spdlog::info("spare in slot {}: initialised, waiting for a place", env_.slot);
+  if (spare_) {
+    spdlog::info(
+        "slot {}: initialised, waiting for a place (a warm spare, or a newcomer that "
+        "its peers take in at their next commit)",
+        env_.slot);
+  }
   auto joined = client_->Join(env_.slot, current_round_.load(), version, options_.join_timeout);
   if (spare_) {
     // A warm spare (elastic-run --spares) waits for a place as long as the job runs: the

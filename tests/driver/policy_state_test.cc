@@ -209,6 +209,13 @@ class Sim {
         }
         Both([&](Policy& p) { p.OnDiscovery(hosts, {}); });
       }
+    } else if (pick < 92 && pick >= 89) {
+      // A process waits in Join for a place (a spare, a newcomer that is ready, or any slot).
+      std::string slot = any_slot();
+      for (const auto& [sl, w] : a_->state().workers) {
+        if (w.joiner && !w.ready && Uniform(0, 1) == 0) slot = sl;
+      }
+      Both([&](Policy& p) { p.OnWaitingForPlace(slot); });
     } else if (pick < 89 && Uniform(0, 4) == 0) {
       Both([&](Policy& p) { p.OnSignal(SIGTERM, "SIGTERM"); });
     } else {
@@ -347,7 +354,8 @@ TEST_CASE("a policy restored from its saved state decides as the original", "[po
   if (std::getenv("ELASTIC_POLICY_SEED") == nullptr) {
     for (const char* kind :
          {"0", "3", "4", "5", "round_proposed", "round_formed", "worker_exited", "worker_lost",
-          "worker_hung", "host_blacklisted", "job_ending", "spare_promoted", "state_restored"}) {
+          "worker_hung", "host_blacklisted", "job_ending", "spare_promoted", "state_restored",
+          "newcomer_started", "newcomer_ready", "newcomer_placed"}) {
       INFO(kind);
       CHECK(compared[kind] > 0);
     }
@@ -390,6 +398,7 @@ TEST_CASE("every field of the state survives a save and a load", "[policy_state]
   w.host = "h2";
   w.local = false;
   w.running = w.dropped = w.removed = w.finished = w.leaving = w.spare = w.rescued = true;
+  w.joiner = w.ready = w.paid = true;
   w.lost_at = at(-700);
   w.watches = 2;
   w.stale_closes = 3;
@@ -485,6 +494,7 @@ TEST_CASE("every field of the state survives a save and a load", "[policy_state]
   CHECK(x.host == w.host);
   CHECK(x.local == w.local);
   CHECK((x.running && x.dropped && x.removed && x.finished && x.leaving && x.spare && x.rescued));
+  CHECK((x.joiner && x.ready && x.paid));
   CHECK(x.lost_at == shift(w.lost_at));
   CHECK(x.watches == w.watches);
   CHECK(x.stale_closes == w.stale_closes);

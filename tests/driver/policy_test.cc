@@ -242,9 +242,16 @@ TEST_CASE("policy bug 2: one incident on a host is one blacklisting", "[unit]") 
   const double first = std::get<double>(*Field(*black[0], "cooldown"));
   CHECK(first >= 1.0);
   CHECK(first <= 1.5);
-  // The host comes back; a new incident (a later round) is a second blacklisting, longer.
+  // The host comes back; a new incident (a later round) is a second blacklisting, longer. Its
+  // slots get newcomers (g:0 trains on), and the job re-forms with them once they are ready.
   job.Advance(seconds(2));
   a = job.Take();
+  CHECK(Slots(a, Action::kLaunch).size() == 8);
+  for (int i = 0; i < 8; ++i) {
+    job.policy->OnWaitingForPlace("h:" + std::to_string(i));
+    auto more = job.Take();
+    a.insert(a.end(), more.begin(), more.end());
+  }
   auto proposals = Of(a, Action::kProposeRound);
   REQUIRE_FALSE(proposals.empty());
   int64_t round = proposals.back()->round;
@@ -430,6 +437,10 @@ TEST_CASE("policy: discovery grows the job up to --max-np, a smaller host drops 
   job.StartFormed({{"a", 2}}, {"a:0", "a:1"});
   job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 2}, {"b", 4}}, {});
   auto a = job.Take();
+  CHECK(Slots(a, Action::kLaunch) == std::vector<std::string>{"b:0"});  // a newcomer
+  CHECK(Of(a, Action::kProposeRound).empty());
+  job.policy->OnWaitingForPlace("b:0");
+  a = job.Take();
   auto proposals = Of(a, Action::kProposeRound);
   REQUIRE(proposals.size() == 1);
   CHECK(Members(*proposals[0]) == std::vector<std::string>{"a:0", "a:1", "b:0"});
@@ -441,8 +452,9 @@ TEST_CASE("policy: discovery grows the job up to --max-np, a smaller host drops 
   a = job.Take();
   proposals = Of(a, Action::kProposeRound);
   REQUIRE(proposals.size() == 1);
-  CHECK(Members(*proposals[0]) == std::vector<std::string>{"a:0", "c:0"});
+  CHECK(Members(*proposals[0]) == std::vector<std::string>{"a:0"});  // c:0: a newcomer
   CHECK(proposals[0]->removed == std::vector<std::string>{"a:1", "b:0"});
+  CHECK(Slots(a, Action::kLaunch) == std::vector<std::string>{"c:0"});
   // Removed workers leave; their clean exit does not finish the job.
   job.policy->OnExit("b:0", 0, "exit status 0");
   job.policy->OnExit("a:1", 0, "exit status 0");
@@ -460,10 +472,17 @@ TEST_CASE("policy: a removed host's worker that alone holds the state stays unti
   job.Commit("b:0", 0, 5);
   job.policy->OnDiscovery(std::vector<HostSlots>{{"b", 1}, {"a", 1}}, {});  // a:0: new
   job.Take();
+  job.policy->OnWaitingForPlace("a:0");
+  job.Take();
   job.Form(1, {"b:0", "a:0"}, {5, 0});
   // b goes away (a spot host reclaimed) and c comes: b:0 stays one round to hand the state on.
   job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 1}, {"c", 1}}, {});
   auto a = job.Take();
+  REQUIRE(Events(a, "holder_kept").size() == 1);
+  CHECK(Of(a, Action::kProposeRound).empty());  // c:0 is a newcomer: nothing changes yet
+  job.policy->OnWaitingForPlace("c:0");
+  auto more = job.Take();
+  a.insert(a.end(), more.begin(), more.end());
   auto proposals = Of(a, Action::kProposeRound);
   REQUIRE(proposals.size() == 1);
   CHECK(Members(*proposals[0]) == std::vector<std::string>{"b:0", "a:0", "c:0"});
@@ -473,6 +492,9 @@ TEST_CASE("policy: a removed host's worker that alone holds the state stays unti
   // Another re-plan before the hand-over keeps it too (no second event).
   job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 1}, {"c", 2}}, {});
   a = job.Take();
+  job.policy->OnWaitingForPlace("c:1");
+  more = job.Take();
+  a.insert(a.end(), more.begin(), more.end());
   proposals = Of(a, Action::kProposeRound);
   REQUIRE(proposals.size() == 1);
   CHECK(Members(*proposals[0]) == std::vector<std::string>{"b:0", "a:0", "c:0", "c:1"});
@@ -510,7 +532,8 @@ TEST_CASE("policy: a worker told to go is kept when the other holder dies before
   auto members = Members(*proposals[0]);
   CHECK(std::find(members.begin(), members.end(), "a:1") != members.end());
   REQUIRE(Events(a, "holder_kept").size() == 1);
-  // The removal had reached it first: it leaves with exit 0, which does not end the job.
+  // The removal had reached it first: it leaves with exit 0, which does not end the job. The
+  // newcomers of b:0 and a:0 are then all there is: the next round waits for them.
   job.policy->OnExit("a:1", 0, "exit status 0");
   a = job.Take();
   CHECK_FALSE(job.policy->shutting_down());
@@ -938,14 +961,23 @@ TEST_CASE("policy: spares give way to members when the hosts have too few slots"
   CHECK(Spares(a).empty());
   job.Form(0, {"a:0", "a:1", "a:2"});
   job.Take();
-  // Spares use only slots beyond -np: after a loss the slot is a member's again.
+  // Spares use only slots beyond -np: after a loss the slot is a member's again (a newcomer's,
+  // then a member's once it is ready), and no spare starts.
   job.policy->OnExit("a:2", 137, "killed by SIGKILL");
   a = job.Take();
   proposals = Of(a, Action::kProposeRound);
   REQUIRE(proposals.size() == 1);
-  CHECK(proposals[0]->assignments.size() == 3);
-  CHECK(Spares(a).empty());
+  CHECK(proposals[0]->assignments.size() == 2);
   CHECK(Slots(a, Action::kLaunch) == std::vector<std::string>{"a:2"});
+  CHECK(Events(a, "newcomer_started").size() == 1);
+  job.Form(1, {"a:0", "a:1"});
+  job.Take();
+  job.policy->OnWaitingForPlace("a:2");
+  a = job.Take();
+  proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(proposals[0]->assignments.size() == 3);
+  CHECK(Of(a, Action::kLaunch).empty());
 }
 
 // Found by spares_bench: a member was killed, its slot relaunched with a worker that takes
@@ -1243,6 +1275,8 @@ TEST_CASE("policy: a job whose members finish while a round with a newcomer is p
   Job job(d);
   job.StartFormed({{"a", 2}}, {"a:0", "a:1"});
   job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 2}, {"b", 1}}, {});
+  job.Take();
+  job.policy->OnWaitingForPlace("b:0");
   auto a = job.Take();
   REQUIRE(Of(a, Action::kProposeRound).size() == 1);
   job.policy->OnExit("a:0", 0, "exit status 0");
@@ -1254,6 +1288,131 @@ TEST_CASE("policy: a job whose members finish while a round with a newcomer is p
   // The newcomer is stopped, not killed as hung.
   CHECK(Slots(a, Action::kSignal, SIGTERM) == std::vector<std::string>{"b:0"});
   CHECK(Events(a, "worker_hung").empty());
+}
+
+// The slots of `proposal` (an assignment map), sorted.
+std::vector<std::string> MembersOf(const Action& proposal) {
+  std::vector<std::string> out;
+  for (const auto& [slot, a] : proposal.assignments) out.push_back(slot);
+  return out;
+}
+
+TEST_CASE(
+    "policy: survivors re-form at once without a lost member's new process, which joins "
+    "when it is ready",
+    "[unit]") {
+  DriverOptions d = WithSpares(Static({{"a", 4}}, 4, 2), 0);
+  d.reset_limit = 1;  // the kill is one reset; the newcomer's arrival is not another
+  Job job(d);
+  job.StartFormed(d.hosts, {"a:0", "a:1", "a:2", "a:3"});
+  job.Take();
+  job.Commit("a:0", 0, 5);
+  job.policy->OnExit("a:1", 137, "killed by SIGKILL");
+  auto a = job.Take();
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(MembersOf(*proposals[0]) == std::vector<std::string>{"a:0", "a:2", "a:3"});
+  auto launches = Of(a, Action::kLaunch);
+  REQUIRE(launches.size() == 1);
+  CHECK(launches[0]->slot == "a:1");
+  CHECK(launches[0]->spare);  // it waits in Join for its place, without a deadline
+  CHECK(Events(a, "newcomer_started").size() == 1);
+  CHECK(job.policy->View().newcomers.size() == 1);
+  CHECK(job.policy->View().spares.empty());
+  job.Form(1, {"a:0", "a:2", "a:3"}, {5, 5, 5});
+  job.Take();
+  // A spare's Join or a member's is not the newcomer's: nothing changes.
+  job.policy->OnWaitingForPlace("a:0");
+  CHECK(Of(job.Take(), Action::kProposeRound).empty());
+  // The newcomer is ready: the job re-forms with it at the members' next commit (a fence),
+  // and no process starts.
+  job.policy->OnWaitingForPlace("a:1");
+  a = job.Take();
+  proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(MembersOf(*proposals[0]) == std::vector<std::string>{"a:0", "a:1", "a:2", "a:3"});
+  CHECK(Of(a, Action::kLaunch).empty());
+  CHECK(Events(a, "newcomer_ready").size() == 1);
+  CHECK(Events(a, "newcomer_placed").size() == 1);
+  auto publishes = Of(a, Action::kPublish);
+  REQUIRE(publishes.size() == 3);
+  for (const Action* p : publishes) CHECK(p->event.kind == EventKind::kMembershipChanging);
+  CHECK(!job.policy->shutting_down());  // within --reset-limit 1
+  CHECK(job.policy->View().resets == 1);
+  CHECK(job.policy->View().newcomers.empty());
+  job.Form(2, {"a:0", "a:1", "a:2", "a:3"}, {5, 0, 5, 5});
+  job.Take();
+  CHECK(job.policy->View().members.size() == 4);
+  // Ready again (a retried Join): nothing more.
+  job.policy->OnWaitingForPlace("a:1");
+  CHECK(Of(job.Take(), Action::kProposeRound).empty());
+}
+
+TEST_CASE("policy: a newcomer that exits before its place is a failure, and another starts",
+          "[unit]") {
+  DriverOptions d = WithSpares(Static({{"a", 3}}, 3, 1), 0);
+  Job job(d);
+  job.StartFormed(d.hosts, {"a:0", "a:1", "a:2"});
+  job.Take();
+  job.policy->OnExit("a:2", 137, "killed by SIGKILL");
+  auto a = job.Take();
+  REQUIRE(Of(a, Action::kProposeRound).size() == 1);
+  job.Form(1, {"a:0", "a:1"});
+  job.Take();
+  job.policy->OnExit("a:2", 1, "exit status 1");
+  a = job.Take();
+  CHECK(Of(a, Action::kProposeRound).empty());  // its peers train on
+  REQUIRE(Of(a, Action::kLaunch).size() == 1);
+  CHECK(Of(a, Action::kLaunch)[0]->slot == "a:2");
+  CHECK(job.policy->View().failures == 2);
+  CHECK(job.policy->View().newcomers.size() == 1);
+}
+
+TEST_CASE("policy: a slot that discovery adds gets a newcomer, and the job grows once it is ready",
+          "[unit]") {
+  DriverOptions d = Discovered(8);
+  Job job(d);
+  job.StartFormed({{"a", 2}}, {"a:0", "a:1"});
+  job.Take();
+  job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 2}, {"b", 1}}, {});
+  auto a = job.Take();
+  CHECK(Of(a, Action::kProposeRound).empty());  // nobody waits for b:0 to start
+  CHECK(Of(a, Action::kPublish).empty());
+  REQUIRE(Of(a, Action::kLaunch).size() == 1);
+  CHECK(Of(a, Action::kLaunch)[0]->slot == "b:0");
+  CHECK(job.policy->View().resets == 0);
+  job.policy->OnWaitingForPlace("b:0");
+  a = job.Take();
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(MembersOf(*proposals[0]) == std::vector<std::string>{"a:0", "a:1", "b:0"});
+  CHECK(job.policy->View().resets == 1);  // growing is a reset
+}
+
+TEST_CASE(
+    "policy: survivors too few for --min-np wait for a new process as before, and a ready "
+    "newcomer joins them",
+    "[unit]") {
+  DriverOptions d = WithSpares(Static({{"a", 4}}, 4, 3), 0);
+  Job job(d);
+  job.StartFormed(d.hosts, {"a:0", "a:1", "a:2", "a:3"});
+  job.Take();
+  job.policy->OnExit("a:1", 137, "killed by SIGKILL");  // 3 left: enough
+  auto a = job.Take();
+  REQUIRE(Of(a, Action::kProposeRound).size() == 1);
+  CHECK(MembersOf(*Of(a, Action::kProposeRound)[0]).size() == 3);
+  job.policy->OnExit("a:2", 137, "killed by SIGKILL");  // 2 left: a:2 starts as a member
+  a = job.Take();
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(MembersOf(*proposals[0]) == std::vector<std::string>{"a:0", "a:2", "a:3"});
+  REQUIRE(Of(a, Action::kLaunch).size() == 1);
+  CHECK(!Of(a, Action::kLaunch)[0]->spare);
+  job.policy->OnWaitingForPlace("a:1");  // the first newcomer: in the next proposal too
+  a = job.Take();
+  proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(MembersOf(*proposals[0]) == std::vector<std::string>{"a:0", "a:1", "a:2", "a:3"});
 }
 
 }  // namespace

@@ -103,7 +103,7 @@ def test_status_and_metrics_list_the_warm_spares(elastic_run, example, tmp_path)
                "--job-file", job_file, "--event-log", log, example, "--epochs", "40",
                "--step-ms", "20"])
     try:
-        job.wait_for(r"spare in slot localhost:2: initialised")
+        job.wait_for(r"slot localhost:2: initialised, waiting for a place")
         # The spare can be waiting before round 0 has formed: the members are those of the
         # formed round, so wait for it (the status follows the driver's event log).
         job.wait_for(r"round 0 formed")

@@ -86,7 +86,8 @@ def test_elastic_run_recovers_a_python_job_with_the_fault_free_model(elastic_run
     problems = ledger.check(book, 512, 6, max_rollback=4)
     assert not problems, "\n".join(problems)
     formed = [e for e in events(log) if e["event"] == "round_formed"]
-    assert len(formed) >= 2 and formed[1]["sync_required"], formed
+    # The survivors re-form among themselves, then with the killed slot's newcomer, synced.
+    assert len(formed) >= 2 and any(e["sync_required"] for e in formed[1:]), formed
 
 
 @pytest.mark.parametrize("how", ["ok", "raise"])

@@ -37,6 +37,10 @@ class RecordingListener : public Listener {
     std::lock_guard<std::mutex> g(mu);
     left.emplace_back(round, slot);
   }
+  void OnWaitingForPlace(const std::string& slot) override {
+    std::lock_guard<std::mutex> g(mu);
+    waiting.push_back(slot);
+  }
   bool WaitTimeout() {
     std::unique_lock<std::mutex> l(mu);
     return cv.wait_for(l, seconds(10), [&] { return timeout_round >= 0; });
@@ -50,6 +54,7 @@ class RecordingListener : public Listener {
   std::vector<std::string> missing;
   std::vector<Report> reports;
   std::vector<std::pair<int64_t, std::string>> left;  // OnMemberLeft: round, slot
+  std::vector<std::string> waiting;                   // OnWaitingForPlace: slot
 };
 
 std::map<std::string, Assignment> Members(const std::vector<std::string>& slots) {
@@ -183,6 +188,42 @@ TEST_CASE("a member that is scaled away leaves its round like any other member",
   CHECK(again->removed);
   std::lock_guard<std::mutex> g(listener.mu);
   CHECK(listener.left.size() == 1);
+}
+
+TEST_CASE("a Join that no pending proposal expects tells the driver the slot waits for a place",
+          "[unit]") {
+  // The driver starts a newcomer outside the next round and re-forms with it once it is here.
+  RecordingListener listener;
+  CoreOptions opts;
+  opts.listener = &listener;
+  Core core(opts);
+  FormRound(core, 0, {"a:0", "a:1"}, -1);
+  {
+    std::lock_guard<std::mutex> g(listener.mu);
+    CHECK(listener.waiting.empty());  // members of the proposal: expected
+  }
+  // a:1 is lost; the survivor's round 1 is proposed and a newcomer starts on a:1.
+  REQUIRE(core.ProposeRound(1, Members({"a:0"}), {}).ok());
+  auto newcomer =
+      std::async(std::launch::async, [&] { return core.Join("a:1", -1, 0, Far(core)); });
+  REQUIRE(WaitPending(core, 1));
+  {
+    std::lock_guard<std::mutex> g(listener.mu);
+    CHECK(listener.waiting == std::vector<std::string>{"a:1"});
+  }
+  auto survivor = core.Join("a:0", 0, 3, Far(core));
+  REQUIRE(survivor.ok());
+  CHECK(survivor->assignment.round == 1);
+  CHECK(newcomer.wait_for(std::chrono::milliseconds(50)) == std::future_status::timeout);
+  // Round 2 takes it in: its waiting Join completes with it.
+  auto again = std::async(std::launch::async, [&] { return core.Join("a:0", 1, 3, Far(core)); });
+  REQUIRE(core.ProposeRound(2, Members({"a:0", "a:1"}), {}).ok());
+  auto placed = newcomer.get();
+  REQUIRE(placed.ok());
+  CHECK(placed->assignment.round == 2);
+  REQUIRE(again.get().ok());
+  std::lock_guard<std::mutex> g(listener.mu);
+  CHECK(listener.waiting == std::vector<std::string>{"a:1"});  // a:0's Joins were expected
 }
 
 // Found by the soak with --spares: a warm spare started on a slot that an earlier round had

@@ -221,7 +221,7 @@ class JobRun:
             if e["event"] == "worker_started":
                 state[e["slot"]] = bool(e.get("spare"))
                 started[e["slot"]] = e["ts"]
-            elif e["event"] == "spare_promoted":
+            elif e["event"] in ("spare_promoted", "newcomer_placed"):
                 state[e["slot"]] = False
         return [s for s, spare in state.items()
                 if spare and self.alive(s) and time.time() - started[s] >= SPARE_WARM]
@@ -804,7 +804,7 @@ class Soak:
         for e in j.ev.all:
             if e["event"] == "worker_started":
                 spare_now[e["slot"]] = bool(e.get("spare"))
-            elif e["event"] == "spare_promoted":
+            elif e["event"] in ("spare_promoted", "newcomer_placed"):
                 spare_now[e["slot"]] = False
             if (e["event"] == "worker_exited" and e["status"].startswith("signal 15")
                     and not spare_now.get(e["slot"]) and last_pid.get(e["slot"]) not in j.hit):
