@@ -798,16 +798,20 @@ class Soak:
 
     @staticmethod
     def stopped_problems(j, rc):
-        """Members must end by themselves: the driver stops only spares at the end. Whether an
-        exit was a spare's is what the slot was at that moment."""
-        spare_now, stopped, last_pid = {}, [], {}
+        """Workers that trained must end by themselves: the driver stops at the end only
+        processes that were never in a formed round (spares, newcomers, a process placed in a
+        round that the job's end overtook: found by the PyTorch namespace soak, seed 415459368
+        job 8, where a newcomer got ready just as the members finished). Whether a process
+        was in a formed round is what the round_formed events after its start say."""
+        trained, stopped, last_pid = {}, [], {}
         for e in j.ev.all:
             if e["event"] == "worker_started":
-                spare_now[e["slot"]] = bool(e.get("spare"))
-            elif e["event"] in ("spare_promoted", "newcomer_placed"):
-                spare_now[e["slot"]] = False
+                trained[e["slot"]] = False
+            elif e["event"] == "round_formed":
+                for s in e["members"]:
+                    trained[s] = True
             if (e["event"] == "worker_exited" and e["status"].startswith("signal 15")
-                    and not spare_now.get(e["slot"]) and last_pid.get(e["slot"]) not in j.hit):
+                    and trained.get(e["slot"]) and last_pid.get(e["slot"]) not in j.hit):
                 stopped.append(e["slot"])
             if e["event"] == "worker_started":
                 last_pid[e["slot"]] = e["pid"]
