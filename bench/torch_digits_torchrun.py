@@ -1,5 +1,6 @@
 """The anchor side of torch_recovery_bench: examples/train_digits.py's model, data and global
-batch, as a plain torch.distributed (DDP, Gloo) program for torchrun. torchrun restarts every
+batch (or, with --model resnet18|resnet50, examples/train_vision.py's), as a plain
+torch.distributed (DDP, Gloo) program for torchrun. torchrun restarts every
 worker after a failure, so this program checkpoints (rank 0, every --commit-every steps) and
 resumes from the checkpoint at start. Prints its pid per rank, then a JSON line per step on
 rank 0.
@@ -33,14 +34,23 @@ def main():
     p.add_argument("--commit-every", type=int, default=5)
     p.add_argument("--step-ms", type=int, default=0)
     p.add_argument("--checkpoint", required=True)
+    p.add_argument("--model", choices=["mlp", "resnet18", "resnet50"], default="mlp")
+    p.add_argument("--image", type=int, default=64)
+    p.add_argument("--images", type=int, default=1024)
     args = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     print(json.dumps({"rank": rank, "pid": os.getpid()}), flush=True)
     torch.manual_seed(0)
-    train_set, _, _ = data()
-    model = nn.Sequential(nn.Linear(64, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
+    if args.model == "mlp":
+        train_set, _, _ = data()
+        model = nn.Sequential(nn.Linear(64, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
+    else:
+        import torchvision
+        from train_vision import synthetic  # the same images and labels
+        train_set = synthetic(args.images, args.image, 0)
+        model = getattr(torchvision.models, args.model)(num_classes=10)
     ddp = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     epoch, step, start = 0, 0, 0

@@ -1,10 +1,13 @@
 """One side of torch_step_bench: a training step of a large MLP, gradients averaged either by
 elastic.torch.DistributedOptimizer (under elastic-run) or by torch's DistributedDataParallel
-on the Gloo backend (under torch.multiprocessing). Prints one JSON line per measured step on
-rank 0: {"impl", "size", "step", "seconds"}.
+on the Gloo backend (under torch.multiprocessing), or not at all ("compute": the same step in
+--size processes at once, no reduction: what the step costs without communication, on the
+same cores). Prints one JSON line per measured step on rank 0: {"impl", "size", "step",
+"seconds"}.
 
     elastic-run -np 2 python3 bench/torch_step_worker.py elastic --steps 10
     python3 bench/torch_step_worker.py ddp --size 2 --steps 10 --port 29500
+    python3 bench/torch_step_worker.py compute --size 2 --steps 10
 """
 import argparse
 import json
@@ -15,19 +18,24 @@ import torch
 import torch.nn as nn
 
 
-def model(width, layers):
+def model(args):
+    if args.model != "mlp":  # a torchvision ResNet, random weights
+        import torchvision
+        return getattr(torchvision.models, args.model)(num_classes=10)
     mods = []
-    for _ in range(layers):
-        mods += [nn.Linear(width, width), nn.ReLU()]
-    return nn.Sequential(*mods, nn.Linear(width, 10))
+    for _ in range(args.layers):
+        mods += [nn.Linear(args.width, args.width), nn.ReLU()]
+    return nn.Sequential(*mods, nn.Linear(args.width, 10))
 
 
 def train(impl, rank, size, args, step_fn_setup):
     torch.manual_seed(0)
     torch.set_num_threads(max(1, 2 // size) if args.threads == 0 else args.threads)
-    m = model(args.width, args.layers)
+    m = model(args)
     opt, step = step_fn_setup(m)
-    x = torch.randn(args.batch, args.width)
+    shape = (args.batch, args.width) if args.model == "mlp" else (args.batch, 3, args.image,
+                                                                 args.image)
+    x = torch.randn(*shape)
     y = torch.randint(0, 10, (args.batch,))
     for i in range(args.warmup + args.steps):
         t0 = time.perf_counter()
@@ -74,11 +82,25 @@ def run_ddp(rank, args):
     dist.destroy_process_group()
 
 
+def run_compute(rank, args):
+    def setup(m):
+        opt = torch.optim.SGD(m.parameters(), lr=0.01)
+
+        def step(m, opt, x, y):
+            opt.zero_grad()
+            nn.functional.cross_entropy(m(x), y).backward()
+            opt.step()
+        return opt, step
+    train("compute", rank, args.size, args, setup)
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("impl", choices=["elastic", "elastic-one-bucket", "ddp"])
+    p.add_argument("impl", choices=["elastic", "elastic-one-bucket", "ddp", "compute"])
     p.add_argument("--size", type=int, default=2)
     p.add_argument("--port", type=int, default=29500)
+    p.add_argument("--model", choices=["mlp", "resnet18", "resnet50"], default="mlp")
+    p.add_argument("--image", type=int, default=64, help="ResNet input: S x S pixels")
     p.add_argument("--width", type=int, default=2048)
     p.add_argument("--layers", type=int, default=5)
     p.add_argument("--batch", type=int, default=32)
@@ -90,7 +112,8 @@ def main():
         run_elastic(args)
     else:
         import torch.multiprocessing as mp
-        mp.spawn(run_ddp, args=(args,), nprocs=args.size, join=True)
+        mp.spawn(run_ddp if args.impl == "ddp" else run_compute, args=(args,), nprocs=args.size,
+                 join=True)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libgloo-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev catch2
   pybind11-dev python3-dev python3-pybind11 python3-pytest python3-numpy
-  python3-torch python3-sklearn
+  python3-torch python3-torchvision python3-sklearn
   iproute2 procps openssh-server openssh-client gdb elfutils
   libcpp-httplib-dev python3-matplotlib slurm-wlm munge nftables clang libfuzzer-14-dev
 )
