@@ -45,6 +45,13 @@ def train(impl, rank, size, args, step_fn_setup):
             print(json.dumps({"impl": impl, "size": size, "step": i, "seconds": dt}), flush=True)
 
 
+def sgd_step(m, opt, x, y):
+    """One step of `m` (the model, or the DDP module that wraps it) with `opt`."""
+    opt.zero_grad()
+    nn.functional.cross_entropy(m(x), y).backward()
+    opt.step()
+
+
 def run_elastic(args):
     import elastic
     import elastic.torch as et
@@ -55,12 +62,7 @@ def run_elastic(args):
     def setup(m):
         opt = et.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.01),
                                       named_parameters=m.named_parameters(), bucket_bytes=bucket)
-
-        def step(m, opt, x, y):
-            opt.zero_grad()
-            nn.functional.cross_entropy(m(x), y).backward()
-            opt.step()
-        return opt, step
+        return opt, sgd_step
     train(args.impl, elastic.rank(), elastic.size(), args, setup)
 
 
@@ -73,25 +75,14 @@ def run_ddp(rank, args):
         ddp = nn.parallel.DistributedDataParallel(m)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
 
-        def step(_, opt, x, y):
-            opt.zero_grad()
-            nn.functional.cross_entropy(ddp(x), y).backward()
-            opt.step()
-        return opt, step
+        return opt, lambda _, opt, x, y: sgd_step(ddp, opt, x, y)
     train("ddp", rank, args.size, args, setup)
     dist.destroy_process_group()
 
 
 def run_compute(rank, args):
-    def setup(m):
-        opt = torch.optim.SGD(m.parameters(), lr=0.01)
-
-        def step(m, opt, x, y):
-            opt.zero_grad()
-            nn.functional.cross_entropy(m(x), y).backward()
-            opt.step()
-        return opt, step
-    train("compute", rank, args.size, args, setup)
+    train("compute", rank, args.size, args,
+          lambda m: (torch.optim.SGD(m.parameters(), lr=0.01), sgd_step))
 
 
 def main():
