@@ -22,6 +22,8 @@ holder of the newest commit is left untouched), and these join the mix:
                 change) or after 6-9 s (after it: the worker is lost and replaced)
   spare-kill, spare-stop
                 SIGKILL or SIGSTOP of a warm spare (--spares) waiting for a place
+  newcomer-kill SIGKILL of a newcomer while it starts (a new process for a lost member's slot
+                or an added one, which its peers do not wait for)
 With --hosts netns, the hosts are three network namespaces on a bridge (tests/soak/hosts.py)
 and host faults join: host-kill (every process of a host), link-flap (its link down for
 1-4 s), loss (1-10 % of its packets dropped for 1-4 s), cap (a 1-8 Mbit/s bandwidth cap for
@@ -83,7 +85,8 @@ from workloads import CppWorkload, PythonWorkload  # noqa: E402
 MARK = "ELASTIC_SOAK_MARK"
 WEIGHTS = {"kill": 24, "kill-on-form": 12, "add": 14, "remove": 12, "disc-fail": 8,
            "disc-hang": 5, "disc-garbage": 8, "leave": 10, "stop": 6}
-OVERLAP_WEIGHTS = {"kill-many": 10, "stop-cont": 10, "spare-kill": 6, "spare-stop": 4}
+OVERLAP_WEIGHTS = {"kill-many": 10, "stop-cont": 10, "spare-kill": 6, "spare-stop": 4,
+                   "newcomer-kill": 6}
 CHECKPOINT_WEIGHTS = {"job-kill": 5, "kill-all": 5}
 RESTARTS = {"job-kill", "kill-all"}  # the state is lost on purpose; a checkpoint takes over
 MAX_RESTARTS = 2  # of each kind per job: each costs a restart's time
@@ -225,6 +228,19 @@ class JobRun:
                 state[e["slot"]] = False
         return [s for s, spare in state.items()
                 if spare and self.alive(s) and time.time() - started[s] >= SPARE_WARM]
+
+    def newcomers(self):
+        """Slots whose newest process is a newcomer still starting: started for a place its
+        peers do not wait for (newcomer_started), neither ready nor placed yet."""
+        state = {}
+        for e in self.ev.all:
+            if e["event"] == "newcomer_started":
+                state[e["slot"]] = "announced"
+            elif e["event"] == "worker_started":
+                state[e["slot"]] = "starting" if state.get(e["slot"]) == "announced" else None
+            elif e["event"] in ("newcomer_ready", "newcomer_placed", "worker_exited"):
+                state[e["slot"]] = None
+        return [s for s, st in state.items() if st == "starting" and self.alive(s)]
 
     def in_round(self):
         """Slots of the newest formed round whose process is the one that joined it."""
@@ -540,6 +556,14 @@ class Soak:
             fault.duration, fault.until = pause, None
             fault.heal = lambda pid=j.worker_pid(target): self.cont(pid)
             return fault
+        if action == "newcomer-kill":
+            # A new process for a lost member's slot (or a new one), killed while it starts:
+            # its peers, who did not wait for it, must not notice; the slot gets another.
+            starting = j.newcomers()
+            if not starting:
+                return None
+            target = rng.choice(starting)
+            return j.record(action, [target]) if self.signal(j, target, signal.SIGKILL) else None
         if action in ("spare-kill", "spare-stop"):
             spares = j.spares()
             if not spares:
@@ -898,7 +922,8 @@ def parse():
                         "on a bridge, with host, link and packet faults (root)")
     p.add_argument("--overlap", action="store_true",
                    help="faults do not wait for the previous recovery (one holder of the "
-                        "state is always left); adds kill-many, stop-cont, spare-kill/stop")
+                        "state is always left); adds kill-many, stop-cont, spare-kill/stop, "
+                        "newcomer-kill")
     p.add_argument("--checkpoints", action="store_true",
                    help="every job writes checkpoints (--checkpoint-dir); adds job-kill (the "
                         "whole job killed and started again) and kill-all (every holder of "
