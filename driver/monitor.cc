@@ -136,14 +136,13 @@ std::string Monitor::StatusJson() const {
     black.push_back({{"host", host}, {"seconds_left", left >= 0 ? json(left) : json(nullptr)}});
   }
   j["blacklisted"] = black;
-  json spares = json::array();
-  for (const auto& [slot, pid] : view_.spares) spares.push_back({{"slot", slot}, {"pid", pid}});
-  j["spares"] = spares;
-  json newcomers = json::array();
-  for (const auto& [slot, pid] : view_.newcomers) {
-    newcomers.push_back({{"slot", slot}, {"pid", pid}});
-  }
-  j["newcomers"] = newcomers;
+  auto slots_json = [](const std::vector<std::pair<std::string, int64_t>>& slots) {
+    json out = json::array();
+    for (const auto& [slot, pid] : slots) out.push_back({{"slot", slot}, {"pid", pid}});
+    return out;
+  };
+  j["spares"] = slots_json(view_.spares);
+  j["newcomers"] = slots_json(view_.newcomers);
   json recs = json::array();
   for (const auto& r : recoveries_) {
     recs.push_back({{"started", r.started},
@@ -392,16 +391,12 @@ int RunStatusCommand(const std::string& job_file, bool as_json) {
                 Int(m["pid"]).c_str(), Int(m["step"]).c_str(), Int(m["epoch"]).c_str(),
                 Int(m["cursor"]).c_str(), since.c_str(), Fixed(m["steps_per_second"], 1).c_str());
   }
-  if (s.contains("spares") && !s["spares"].empty()) {
-    std::printf("\nwarm spares (waiting for a place):\n");
-    for (const auto& sp : s["spares"]) {
-      std::printf("  %-24s pid %s\n", sp["slot"].get<std::string>().c_str(),
-                  Int(sp["pid"]).c_str());
-    }
-  }
-  if (s.contains("newcomers") && !s["newcomers"].empty()) {
-    std::printf("\nnew workers starting (the job re-forms with each once it is ready):\n");
-    for (const auto& sp : s["newcomers"]) {
+  for (const auto& [key, title] :
+       {std::pair<const char*, const char*>{"spares", "warm spares (waiting for a place)"},
+        {"newcomers", "new workers starting (the job re-forms with each once it is ready)"}}) {
+    if (!s.contains(key) || s[key].empty()) continue;
+    std::printf("\n%s:\n", title);
+    for (const auto& sp : s[key]) {
       std::printf("  %-24s pid %s\n", sp["slot"].get<std::string>().c_str(),
                   Int(sp["pid"]).c_str());
     }

@@ -76,7 +76,7 @@ TimePoint Policy::NextDeadline() const {
   TimePoint next = std::min(s_.kill_at, s_.wait_until);
   for (const auto& [slot, w] : s_.workers) {
     if (w.running) next = std::min(next, w.lost_at);
-    if (w.running && w.joiner && !w.ready && !w.dropped && !s_.shutting_down) {
+    if (Starting(w) && !s_.shutting_down) {
       next = std::min(next, w.launched_at + d_.rendezvous_timeout);
     }
   }
@@ -206,7 +206,7 @@ void Policy::Replan(const std::string& reason) {
     // process (they are members from now on).
     bool starting = false;
     for (const auto& [slot, w] : s_.workers) {
-      if (w.running && w.joiner && !w.ready && in.busy.count(slot)) {
+      if (Starting(w) && in.busy.count(slot)) {
         in.busy.erase(slot);
         in.spares.insert(slot);
         starting = true;
@@ -567,15 +567,8 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
         "the new worker in slot {} (host {}) exited before it took "
         "its place: {}",
         slot, w.host, how);
-    ++s_.failures;
     Log(Action::kWarn, what);
-    RecordHostFailure(w, what, s_.round);
-    if (d_.max_failures >= 0 && s_.failures > d_.max_failures) {
-      Terminate(
-          1, what + "; too many failures (--max-failures " + std::to_string(d_.max_failures) + ")");
-      return;
-    }
-    Replan(what);
+    if (!CountNewcomerFailure(w, what)) Replan(what);
     return;
   }
   if (w.spare) {
@@ -715,17 +708,26 @@ void Policy::LoseWorker(Worker& w, const std::string& what) {
   // the members of the formed round are fenced by the new proposal, and roll nothing back.
   AbortFormedRound(slot, what);
   Event("recovery_phase", {{"phase", "fence"}, {"seconds", Secs(Now() - s_.recovery_start)}});
-  RecordHostFailure(w, what);
-  if (d_.max_failures >= 0 && s_.failures > d_.max_failures) {
-    Terminate(1, what + "; too many failures (--max-failures " +
-                     std::to_string(d_.max_failures) + ")");
-    return;
-  }
+  RecordHostFailure(w, w.round, what);
+  if (EndIfTooManyFailures(what)) return;
   Replan("worker " + rank + " failed");
 }
 
-void Policy::RecordHostFailure(const Worker& w, const std::string& what, int64_t round) {
-  if (round == kWorkerRound) round = w.round;
+bool Policy::EndIfTooManyFailures(const std::string& what) {
+  if (d_.max_failures < 0 || s_.failures <= d_.max_failures) return false;
+  Terminate(1,
+            what + "; too many failures (--max-failures " + std::to_string(d_.max_failures) + ")");
+  return true;
+}
+
+bool Policy::CountNewcomerFailure(const Worker& w, const std::string& what) {
+  ++s_.failures;
+  // The incident is the current round's: a newcomer is in none.
+  RecordHostFailure(w, s_.round, what);
+  return EndIfTooManyFailures(what);
+}
+
+void Policy::RecordHostFailure(const Worker& w, int64_t round, const std::string& what) {
   auto it = s_.incident_round.find(w.host);
   if (it != s_.incident_round.end() && round <= it->second) return;  // the same incident
   s_.incident_round[w.host] = round;
@@ -1042,7 +1044,7 @@ void Policy::OnJoinTimeout(int64_t round, const std::vector<std::string>& missin
     }
     w.dropped = true;
     ++s_.failures;
-    RecordHostFailure(w, "slot " + slot + " did not join round " + std::to_string(round));
+    RecordHostFailure(w, w.round, "slot " + slot + " did not join round " + std::to_string(round));
   }
   s_.round_broken = true;
   s_.members.erase(std::remove_if(s_.members.begin(), s_.members.end(),
@@ -1486,22 +1488,15 @@ void Policy::OnTimer() {
   for (auto& [slot, w] : s_.workers) {
     // A newcomer gets the time a new member gets to join (--rendezvous-timeout); its peers do
     // not wait for it, but its slot is planned for no one else meanwhile.
-    if (w.running && w.joiner && !w.ready && !w.dropped &&
-        now >= w.launched_at + d_.rendezvous_timeout) {
+    if (Starting(w) && now >= w.launched_at + d_.rendezvous_timeout) {
       std::string what = fmt::format(
           "the new worker in slot {} (host {}) did not get ready "
           "within {:.0f} s (--rendezvous-timeout); killing it",
           slot, w.host, Secs(d_.rendezvous_timeout));
       Log(Action::kWarn, what);
       w.dropped = true;
-      ++s_.failures;
       SignalSlot(slot, SIGKILL);
-      RecordHostFailure(w, what, s_.round);
-      if (d_.max_failures >= 0 && s_.failures > d_.max_failures) {
-        Terminate(1, what + "; too many failures (--max-failures " +
-                         std::to_string(d_.max_failures) + ")");
-        return;
-      }
+      if (CountNewcomerFailure(w, what)) return;
     }
   }
   for (auto& [slot, w] : s_.workers) {

@@ -191,9 +191,15 @@ class Policy {
   void AbortRound(const std::string& skip, const std::string& why);
   // Counts a failure of `w`'s host, once per incident: every failure of the host's workers in
   // one round is one incident.
-  // `round`: the incident's round (default: the one `w` is in).
-  static constexpr int64_t kWorkerRound = INT64_MIN;
-  void RecordHostFailure(const Worker& w, const std::string& what, int64_t round = kWorkerRound);
+  // `round`: the incident's (the one `w` is in, or the current one for a newcomer).
+  void RecordHostFailure(const Worker& w, int64_t round, const std::string& what);
+  // With --max-failures, ends the job (exit 1, `what`) once the failures exceed it; true then.
+  bool EndIfTooManyFailures(const std::string& what);
+  // A newcomer failed (exited or never got ready): counts a failure of the job and of its host
+  // (the current round's incident). True when that ended the job.
+  bool CountNewcomerFailure(const Worker& w, const std::string& what);
+  // A newcomer still starting: not yet waiting in Join, its peers not waiting for it.
+  static bool Starting(const Worker& w) { return w.running && w.joiner && !w.ready && !w.dropped; }
   // Whether `need` workers could ever run again without a new host being listed.
   bool CanEverReach(size_t need) const;
   // Workers whose host is no longer listed but who alone hold the newest state any live
