@@ -46,16 +46,29 @@ def read(prefix, boundaries=()):
         return [l._replace(round=bisect.bisect(cuts, l.ts) * RUN_ROUNDS + l.round)
                 for l in read(prefix)]
     lines = []
-    for path in glob.glob(prefix + ".*"):
+    for path in sorted(glob.glob(prefix + ".*")):
         with open(path) as f:
-            for text in f:
-                parts = text.split()
-                if len(parts) < 6:
-                    continue  # a line cut short by a kill
-                idx = [int(x) for x in parts[6].split(",")] if len(parts) > 6 else []
-                lines.append(Line(int(parts[0]), int(parts[1]), int(parts[2]), int(parts[3]),
-                                  int(parts[4]), int(parts[5]), idx))
+            texts = f.read().split("\n")
+        # The last piece is what follows the last newline: empty for a file whose every line
+        # ended, or a line whose write was cut short (a SIGKILL during a write that crossed a
+        # page boundary stores its first part; a worker still writing it). Each file is one
+        # process's, so only its last line can be cut: any other line must parse whole.
+        for number, text in enumerate(texts[:-1], 1):
+            lines.append(parse(text, f"{path}:{number}"))
     return lines
+
+
+def parse(text, where):
+    """One whole ledger line; a ValueError naming `where` for anything else."""
+    parts = text.split(" ")
+    try:
+        if len(parts) != 7:
+            raise ValueError(f"{len(parts)} fields, not 7")
+        numbers = [int(x) for x in parts[:6]]
+        idx = [int(x) for x in parts[6].split(",")] if parts[6] else []
+    except ValueError as e:
+        raise ValueError(f"{where}: not a ledger line ({e}): {text!r}") from None
+    return Line(*numbers, idx)
 
 
 def check(prefix, samples, epochs, max_rollback, boundaries=(), restarts=(),

@@ -691,11 +691,14 @@ class Soak:
             problems.append(f"elastic-run exited {rc}: " + " | ".join(job.lines[-5:]))
         if rc == 0:
             problems += self.work.model_problems(job.text(), j.folder, want)
-            problems += ledger.check(book, self.work.samples, self.args.epochs,
-                                     max_rollback=self.work.commit_every + 1,
-                                     boundaries=j.boundaries, restarts=j.restarts,
-                                     restart_window_ms=(j.interval + 3.0) * 1000)
-            problems += self.stall_problems(j, book)
+            try:
+                problems += ledger.check(book, self.work.samples, self.args.epochs,
+                                         max_rollback=self.work.commit_every + 1,
+                                         boundaries=j.boundaries, restarts=j.restarts,
+                                         restart_window_ms=(j.interval + 3.0) * 1000)
+                problems += self.stall_problems(j, book)
+            except ValueError as e:  # a whole line that does not parse: a violation, not a crash
+                problems.append(f"the ledger: {e}")
         left = self.leftovers(marker)
         if left:
             problems.append(f"processes of the job left behind: {self.describe(left)}")
