@@ -110,6 +110,21 @@ void CloseDescriptorsFrom(int first) {
   for (int fd = first; fd < max; ++fd) close(fd);
 }
 
+// Opens `path` for a program's output: fds[1] appends (created 0600), fds[0] reads from the
+// file's current end, so that the reader sees only what is written from now on.
+Status OpenOutputFile(const std::string& path, int fds[2]) {
+  fds[1] = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fds[1] < 0) return InvalidArgument("cannot open " + path + ": " + strerror(errno));
+  fds[0] = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fds[0] < 0 || lseek(fds[0], 0, SEEK_END) < 0) {
+    std::string why = "cannot read " + path + ": " + strerror(errno);
+    if (fds[0] >= 0) close(fds[0]);
+    close(fds[1]);
+    return InvalidArgument(why);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 int RemoveShmSegmentsOf(pid_t pid) {
@@ -183,12 +198,28 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
   ASSIGN_OR_RETURN(std::string program, FindProgram(spec.argv[0]));
   // Checked before any descriptor is made: a refused start leaves nothing open.
   if (spec.stdin_data.size() > 65536) return InvalidArgument("stdin data over 64 KiB");
+  if (spec.stdout_file.empty() != spec.stderr_file.empty()) {
+    return InvalidArgument("stdout_file and stderr_file go together");
+  }
   int out_pipe[2], err_pipe[2];
-  if (pipe2(out_pipe, O_CLOEXEC) != 0) return Internal(std::string("pipe: ") + strerror(errno));
-  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
-    close(out_pipe[0]);
-    close(out_pipe[1]);
-    return Internal(std::string("pipe: ") + strerror(errno));
+  const bool files = !spec.stdout_file.empty();
+  if (files) {
+    // [0]: this side's reader, from the file's current end; [1]: the program's writer.
+    Status opened = OpenOutputFile(spec.stdout_file, out_pipe);
+    if (!opened.ok()) return opened;
+    opened = OpenOutputFile(spec.stderr_file, err_pipe);
+    if (!opened.ok()) {
+      close(out_pipe[0]);
+      close(out_pipe[1]);
+      return opened;
+    }
+  } else {
+    if (pipe2(out_pipe, O_CLOEXEC) != 0) return Internal(std::string("pipe: ") + strerror(errno));
+    if (pipe2(err_pipe, O_CLOEXEC) != 0) {
+      close(out_pipe[0]);
+      close(out_pipe[1]);
+      return Internal(std::string("pipe: ") + strerror(errno));
+    }
   }
   int in_pipe[2] = {-1, -1};
   if (!spec.stdin_data.empty()) {
@@ -297,6 +328,7 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
   fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
   fcntl(err_pipe[0], F_SETFL, O_NONBLOCK);
   std::unique_ptr<Process> p(new Process());
+  p->output_in_files_ = files;
   p->pid_ = pid;
   p->out_fd_ = out_pipe[0];
   p->err_fd_ = err_pipe[0];

@@ -30,6 +30,13 @@ struct LaunchSpec {
   // reaped (or CloseStdin): the program sees EOF on its stdin exactly when this side is gone
   // (this process died, or gave up on the program). The remote side of a launch watches it.
   bool keep_stdin_open = false;
+  // Where the program's stdout and stderr go instead of pipes: files it appends to (created
+  // 0600), which outlive this process, so the program can write on after it is gone (no
+  // SIGPIPE, no EPIPE). stdout_fd() and stderr_fd() then read the files from where they ended
+  // when the program started; a read returning 0 means "nothing new yet", not the end, and
+  // the descriptors are not pollable (follow them with inotify, see Process::output_in_files).
+  // Both or neither.
+  std::string stdout_file, stderr_file;
 };
 
 // Lowers the calling thread's nice value by `boost` (threads it starts later inherit it), where
@@ -57,6 +64,8 @@ class Process {
   int stdout_fd() const { return out_fd_; }
   int stderr_fd() const { return err_fd_; }
   int pidfd() const { return pidfd_; }
+  // True when stdout and stderr are files (LaunchSpec::stdout_file), not pipes.
+  bool output_in_files() const { return output_in_files_; }
   void CloseStdout();
   void CloseStderr();
   // Closes the kept stdin (LaunchSpec::keep_stdin_open): the program sees EOF. Also done when
@@ -74,6 +83,7 @@ class Process {
   pid_t pid_ = -1;
   int out_fd_ = -1, err_fd_ = -1, in_fd_ = -1, pidfd_ = -1;
   bool reaped_ = false;
+  bool output_in_files_ = false;
   int raw_status_ = 0;
 };
 

@@ -1,12 +1,14 @@
 // The driver's start-up, launching and event loop. One thread owns all state: it polls
 // worker pipes and pidfds, a signalfd, and an eventfd through which the rendezvous and
 // discovery threads post events. Membership decisions are in policy.cc.
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
-#include <arpa/inet.h>
 #include <sys/eventfd.h>
+#include <sys/inotify.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -75,6 +77,22 @@ Status MakeDirs(const std::string& path) {
   return Status::Ok();
 }
 
+// Removes a spool folder: <dir>/<slot>/{stdout,stderr}, nothing deeper (OutputMux::WorkerFile).
+void RemoveSpool(const std::string& dir) {
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      std::string name = e->d_name;
+      if (name == "." || name == "..") continue;
+      std::string sub = dir + "/" + name;
+      unlink((sub + "/stdout").c_str());
+      unlink((sub + "/stderr").c_str());
+      rmdir(sub.c_str());
+    }
+    closedir(d);
+  }
+  rmdir(dir.c_str());
+}
+
 Status Driver::Start() {
   RETURN_IF_ERROR(log_.Open(opts_.event_log));
   if (!opts_.output_dir.empty()) {
@@ -86,6 +104,29 @@ Status Driver::Start() {
     spdlog::info("removed {} shared-memory segment(s) of workers that are gone from /dev/shm", n);
   }
   token_ = RandomToken();
+  // Local workers write their output to files this driver follows (inotify), which outlive
+  // it: a worker that rides out a lost driver (--driver-timeout) is never harmed by a pipe
+  // whose reader is gone. Under --output-dir, else a folder of this job's own.
+  if (opts_.output_dir.empty()) {
+    std::string jobs = DefaultJobDir();
+    mkdir(jobs.c_str(), 0700);
+    spool_dir_ = jobs + "/" + std::to_string(getpid()) + ".output";
+    if (mkdir(spool_dir_.c_str(), 0700) != 0 && errno != EEXIST) {
+      spdlog::warn(
+          "cannot create {} ({}): worker output goes through pipes, and a worker "
+          "writing after this driver is gone gets EPIPE",
+          spool_dir_, strerror(errno));
+      spool_dir_.clear();
+    }
+    out_.SetSpoolDir(spool_dir_);
+  }
+  inotify_fd_ = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  if (inotify_fd_ < 0) {
+    spdlog::warn("inotify: {}; worker output goes through pipes", strerror(errno));
+  } else if (!out_.files_dir().empty()) {
+    spdlog::info("worker output is kept in {}/<slot>/stdout and stderr (it outlives this driver)",
+                 out_.files_dir());
+  }
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   sigset_t set;
   sigemptyset(&set);
@@ -185,15 +226,18 @@ void Driver::Launch(Worker& w, bool spare) {
   // claims the slot (a stray copy, a stale process from an earlier launch).
   std::string worker_id = RandomToken().substr(0, 16);
   core_->SetWorkerId(w.slot, worker_id);
-  std::map<std::string, std::string> env = {{"ELASTIC_DRIVER_ADDR", driver_addr_},
-                                            {"ELASTIC_WORKER_ID", worker_id},
-                                            {"ELASTIC_JOB_TOKEN", token_},
-                                            {"ELASTIC_SLOT", w.slot},
-                                            {"ELASTIC_HOSTNAME", w.host},
-                                            {"ELASTIC_IFACE", opts_.network_interface},
-                                            {"ELASTIC_BACKEND", opts_.backend},
-                                            {"ELASTIC_SHM_ALLREDUCE", opts_.shm_allreduce ? "1" : "0"},
-                                            {"PYTHONUNBUFFERED", "1"}};
+  std::map<std::string, std::string> env = {
+      {"ELASTIC_DRIVER_ADDR", driver_addr_},
+      {"ELASTIC_WORKER_ID", worker_id},
+      {"ELASTIC_JOB_TOKEN", token_},
+      {"ELASTIC_SLOT", w.slot},
+      {"ELASTIC_HOSTNAME", w.host},
+      {"ELASTIC_IFACE", opts_.network_interface},
+      {"ELASTIC_BACKEND", opts_.backend},
+      {"ELASTIC_SHM_ALLREDUCE", opts_.shm_allreduce ? "1" : "0"},
+      {"ELASTIC_DRIVER_TIMEOUT",
+       fmt::format("{}", std::chrono::duration<double>(opts_.driver_timeout).count())},
+      {"PYTHONUNBUFFERED", "1"}};
   if (spare) env["ELASTIC_SPARE"] = "1";
   if (!opts_.checkpoint_dir.empty()) {
     env["ELASTIC_CHECKPOINT_DIR"] = opts_.checkpoint_dir;
@@ -205,6 +249,10 @@ void Driver::Launch(Worker& w, bool spare) {
   spec.env = env;
   if (w.local) {
     spec.argv = opts_.command;
+    if (inotify_fd_ >= 0 && !out_.files_dir().empty()) {
+      spec.stdout_file = out_.WorkerFile(w.slot, 1);
+      spec.stderr_file = out_.WorkerFile(w.slot, 2);
+    }
   } else {
     if (driver_addr_.rfind("127.", 0) == 0 && !warned_loopback_) {
       warned_loopback_ = true;
@@ -247,6 +295,15 @@ void Driver::Launch(Worker& w, bool spare) {
     return;
   }
   w.proc = std::move(proc).value();
+  if (w.proc->output_in_files()) {
+    // Watched by inode: a later launch of the slot appends to the same files (same watch).
+    for (const std::string& path : {spec.stdout_file, spec.stderr_file}) {
+      if (inotify_add_watch(inotify_fd_, path.c_str(), IN_MODIFY) < 0) {
+        spdlog::warn("inotify_add_watch({}): {}; its lines show up within a second", path,
+                     strerror(errno));
+      }
+    }
+  }
   spdlog::debug("started slot {} as pid {}", w.slot, w.proc->pid());
   policy_.OnLaunched(w.slot, w.proc->pid());
 }
@@ -459,13 +516,20 @@ void Driver::Loop() {
       int what;  // 1 stdout, 2 stderr, 3 exit
     };
     std::vector<Ref> refs = {{nullptr, 0}, {nullptr, 0}};
+    if (inotify_fd_ >= 0) {
+      fds.push_back({inotify_fd_, POLLIN, 0});
+      refs.push_back({nullptr, 0});
+    }
+    const size_t first_worker = fds.size();
     for (auto& [slot, w] : workers_) {
       if (!w.proc || w.proc->reaped()) continue;
-      if (w.proc->stdout_fd() >= 0) {
+      if (w.proc->output_in_files()) {
+        // Files are always "readable": followed through inotify (FollowFiles), not polled.
+      } else if (w.proc->stdout_fd() >= 0) {
         fds.push_back({w.proc->stdout_fd(), POLLIN, 0});
         refs.push_back({&w, 1});
       }
-      if (w.proc->stderr_fd() >= 0) {
+      if (w.proc->stderr_fd() >= 0 && !w.proc->output_in_files()) {
         fds.push_back({w.proc->stderr_fd(), POLLIN, 0});
         refs.push_back({&w, 2});
       }
@@ -503,8 +567,16 @@ void Driver::Loop() {
         Perform();
       }
     }
+    if (inotify_fd_ >= 0) {
+      if (fds[2].revents & POLLIN) {
+        alignas(inotify_event) char events[4096];
+        while (read(inotify_fd_, events, sizeof events) > 0) {
+        }
+      }
+      FollowFiles(buf);  // also after a timeout: a line whose watch could not be added
+    }
     std::vector<std::pair<Worker*, int>> exits;
-    for (size_t i = 2; i < fds.size(); ++i) {
+    for (size_t i = first_worker; i < fds.size(); ++i) {
       if (!fds[i].revents) continue;
       Worker& w = *refs[i].w;
       if (!w.proc) continue;
@@ -524,7 +596,8 @@ void Driver::Loop() {
           if (fd < 0) continue;
           ssize_t got;
           while ((got = read(fd, buf.data(), buf.size())) > 0) {
-            out_.Feed(w.slot, stream, buf.data(), static_cast<size_t>(got), label);
+            out_.Feed(w.slot, stream, buf.data(), static_cast<size_t>(got), label,
+                      w.proc->output_in_files());
           }
           out_.Finish(w.slot, stream, label);
         }
@@ -557,6 +630,23 @@ void Driver::Loop() {
       Perform();
     }
     policy_.OnTimer();
+  }
+}
+
+void Driver::FollowFiles(std::vector<char>& buf) {
+  for (auto& [slot, w] : workers_) {
+    if (!w.proc || w.proc->reaped() || !w.proc->output_in_files()) continue;
+    std::string label;
+    for (int stream : {1, 2}) {
+      int fd = stream == 1 ? w.proc->stdout_fd() : w.proc->stderr_fd();
+      if (fd < 0) continue;
+      ssize_t got;
+      // Bounded per call, so that one worker writing without pause cannot hold the loop.
+      for (int i = 0; i < 16 && (got = read(fd, buf.data(), buf.size())) > 0; ++i) {
+        if (label.empty()) label = policy_.Label(w.slot);
+        out_.Feed(w.slot, stream, buf.data(), static_cast<size_t>(got), label, true);
+      }
+    }
   }
 }
 
@@ -615,6 +705,8 @@ int Driver::Run() {
   metrics_.reset();
   server_->Shutdown(std::chrono::seconds(1));
   if (!job_file_.empty()) unlink(job_file_.c_str());
+  // Every worker is reaped and its output printed: the spool goes (--output-dir stays).
+  if (!spool_dir_.empty()) RemoveSpool(spool_dir_);
   if (policy_.exit_code() == 0) {
     spdlog::info("elastic-run: {}", policy_.final_message());
   } else {

@@ -75,6 +75,11 @@ struct DriverOptions {
   Duration progress_interval = std::chrono::seconds(30);
   int metrics_port = -1;  // -1: no metrics endpoint; 0: any free port
   std::string job_file;   // where `elastic-run status` finds this job ("": the default place)
+  // How long a worker whose agent reached this driver trains on without it (the driver was
+  // killed, its host lost): it gets this in ELASTIC_DRIVER_TIMEOUT, and exits by itself once
+  // the driver has been unreachable for longer. 0: workers exit within seconds of losing the
+  // driver, and local ones die with it.
+  Duration driver_timeout = std::chrono::seconds(120);
 };
 
 // Runs the job to its end and returns the process exit code: 0 success; the first failing

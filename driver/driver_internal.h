@@ -153,6 +153,8 @@ class Driver : public rendezvous::Listener {
   // Ends the dumps still running (the job is over) and joins their threads.
   void StopDumps();
   void DiscoveryLoop();
+  // Prints what local workers wrote to their output files since the last call.
+  void FollowFiles(std::vector<char>& buf);
 
   DriverOptions opts_;
   Policy policy_;
@@ -162,6 +164,8 @@ class Driver : public rendezvous::Listener {
   std::unique_ptr<rendezvous::Core> core_;
   std::unique_ptr<rendezvous::Server> server_;
   int wake_fd_ = -1, signal_fd_ = -1;
+  int inotify_fd_ = -1;    // wakes the loop when a local worker writes its output files
+  std::string spool_dir_;  // worker output files without --output-dir; removed at the end
 
   std::mutex post_mu_;
   std::deque<Posted> posted_;  // guarded by post_mu_

@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
   bool verbose = false;
   double discovery_interval = 1, discovery_timeout = 10, elastic_timeout = 600, start_timeout = 600,
          rendezvous_timeout = 60, grace = 5, hang_timeout = 0, liveness_timeout = 6,
-         progress_interval = 30;
+         progress_interval = 30, driver_timeout = 120;
   std::vector<double> cooldown;
 
   app.add_option("-n,--np,--num-proc", np, "Number of workers to start (and wait for at start)");
@@ -150,6 +150,12 @@ int main(int argc, char** argv) {
                  "Seconds a worker may not answer the driver (stopped, link down) before it is "
                  "lost (6; at least 1.5)")
       ->check(kPositive);
+  app.add_option("--driver-timeout", driver_timeout,
+                 "Seconds workers train on while this driver is unreachable (killed, its host "
+                 "lost): collectives and commits need no driver, membership changes wait for "
+                 "it; past this, every worker exits by itself (120; 0: workers exit within "
+                 "seconds of losing the driver, and local ones die with it)")
+      ->check(CLI::Range(0.0, 86400.0));
   app.add_option("--progress-interval", progress_interval,
                  "Seconds between progress lines (world size, step, epoch, samples/s); 0: none")
       ->check(kNonNegative);
@@ -209,7 +215,9 @@ int main(int argc, char** argv) {
       "Command that runs {command} on {host}, passing stdin through (the job token comes on "
       "it), e.g. 'kubectl exec -i {host} -- sh -c {command}'");
   app.add_option("--output-dir", o.output_dir,
-                 "Mirror each slot's stdout/stderr under this folder");
+                 "Keep each slot's stdout/stderr under this folder (<slot>/stdout, "
+                 "<slot>/stderr; local workers write them, and go on when the driver is gone). "
+                 "Default: a spool folder beside the job file, removed when the job ends");
   app.add_option("--event-log", o.event_log, "Append one JSON line per driver event to this file");
   app.add_option("--grace-period", grace, "Seconds between SIGTERM and SIGKILL when stopping")
       ->check(kNonNegative);
@@ -364,6 +372,7 @@ int main(int argc, char** argv) {
   o.liveness_timeout = secs(liveness_timeout);
   o.hang_timeout = secs(hang_timeout);
   o.progress_interval = secs(progress_interval);
+  o.driver_timeout = secs(driver_timeout);
   o.checkpoint_interval = secs(checkpoint_interval);
   if ((app.count("--checkpoint-interval") || app.count("--checkpoint-keep")) &&
       o.checkpoint_dir.empty()) {

@@ -16,28 +16,41 @@ OutputMux::~OutputMux() {
   }
 }
 
+namespace {
+std::string SlotFile(const std::string& root, const std::string& slot, int stream, int mode) {
+  std::string dir_name = slot;
+  for (char& c : dir_name) {
+    if (c == ':' || c == '/') c = '_';
+  }
+  std::string dir = root + "/" + dir_name;
+  mkdir(root.c_str(), static_cast<mode_t>(mode));
+  mkdir(dir.c_str(), static_cast<mode_t>(mode));
+  return dir + (stream == 1 ? "/stdout" : "/stderr");
+}
+}  // namespace
+
+std::string OutputMux::WorkerFile(const std::string& slot, int stream) {
+  if (!output_dir_.empty()) return SlotFile(output_dir_, slot, stream, 0755);
+  if (!spool_dir_.empty()) return SlotFile(spool_dir_, slot, stream, 0700);
+  return "";
+}
+
 FILE* OutputMux::MirrorFile(const std::string& slot, int stream) {
   if (output_dir_.empty()) return nullptr;
   auto key = std::make_pair(slot, stream);
   auto it = mirrors_.find(key);
   if (it != mirrors_.end()) return it->second;
-  std::string dir_name = slot;
-  for (char& c : dir_name) {
-    if (c == ':' || c == '/') c = '_';
-  }
-  std::string dir = output_dir_ + "/" + dir_name;
-  mkdir(output_dir_.c_str(), 0755);
-  mkdir(dir.c_str(), 0755);
-  FILE* f = fopen((dir + (stream == 1 ? "/stdout" : "/stderr")).c_str(), "a");
+  FILE* f = fopen(SlotFile(output_dir_, slot, stream, 0755).c_str(), "a");
   mirrors_[key] = f;  // may be null: mirroring is best-effort
   return f;
 }
 
 void OutputMux::Emit(const std::string& slot, int stream, const std::string& line,
-                     const std::string& label) {
+                     const std::string& label, bool mirror) {
   std::string text = "[" + label + "]<" + (stream == 1 ? "stdout" : "stderr") + ">:" + line + "\n";
   fwrite(text.data(), 1, text.size(), out_);
   fflush(out_);
+  if (!mirror) return;
   if (FILE* f = MirrorFile(slot, stream)) {
     fwrite(line.data(), 1, line.size(), f);
     fputc('\n', f);
@@ -46,19 +59,25 @@ void OutputMux::Emit(const std::string& slot, int stream, const std::string& lin
 }
 
 void OutputMux::Feed(const std::string& slot, int stream, const char* data, size_t n,
-                     const std::string& label) {
+                     const std::string& label, bool in_file) {
+  if (in_file) {
+    in_file_.insert({slot, stream});
+  } else if (n > 0) {
+    in_file_.erase({slot, stream});
+  }
+  const bool mirror = !in_file;
   std::string& buf = partial_[{slot, stream}];
   buf.append(data, n);
   size_t start = 0;
   while (true) {
     size_t nl = buf.find('\n', start);
     if (nl == std::string::npos) break;
-    Emit(slot, stream, buf.substr(start, nl - start), label);
+    Emit(slot, stream, buf.substr(start, nl - start), label, mirror);
     start = nl + 1;
   }
   buf.erase(0, start);
   while (buf.size() >= kMaxLine) {
-    Emit(slot, stream, buf.substr(0, kMaxLine), label);
+    Emit(slot, stream, buf.substr(0, kMaxLine), label, mirror);
     buf.erase(0, kMaxLine);
   }
 }
@@ -66,7 +85,7 @@ void OutputMux::Feed(const std::string& slot, int stream, const char* data, size
 void OutputMux::Finish(const std::string& slot, int stream, const std::string& label) {
   auto it = partial_.find({slot, stream});
   if (it == partial_.end()) return;
-  if (!it->second.empty()) Emit(slot, stream, it->second, label);
+  if (!it->second.empty()) Emit(slot, stream, it->second, label, !in_file_.count({slot, stream}));
   partial_.erase(it);
 }
 

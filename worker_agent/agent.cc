@@ -1,6 +1,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <spdlog/spdlog.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -101,6 +102,20 @@ StatusOr<std::unique_ptr<Agent>> Agent::Create(WorkerEnv env, AgentOptions optio
   // (ShmKeeper); ELASTIC_SHM_REUSE=0: a new one every round.
   if (!options.gloo.shm_keeper && Env("ELASTIC_SHM_REUSE") != "0") {
     options.gloo.shm_keeper = std::make_shared<worker_agent::ShmKeeper>();
+  }
+  if (!options.driver_timeout) {
+    options.driver_timeout = std::chrono::seconds(120);
+    std::string t = Env("ELASTIC_DRIVER_TIMEOUT");
+    if (!t.empty()) {
+      char* end = nullptr;
+      double v = std::strtod(t.c_str(), &end);
+      if (end == t.c_str() || *end != '\0' || !(v >= 0 && v <= 86400)) {
+        return InvalidArgument("ELASTIC_DRIVER_TIMEOUT='" + t +
+                               "': give seconds from 0 to 86400 (elastic-run --driver-timeout)");
+      }
+      options.driver_timeout =
+          std::chrono::duration_cast<Duration>(std::chrono::duration<double>(v));
+    }
   }
   const bool spare = Env("ELASTIC_SPARE") == "1";
   // The backend: NCCL when asked (it must load and see a device), or under auto when it can.
@@ -219,8 +234,14 @@ void Agent::NoteCommit(const Progress& p) {
 }
 
 void Agent::WatchLoop() {
-  // A stream that breaks means the driver is gone (or unreachable): the worker must not
-  // outlive it. Re-opening is tried for a short while to ride out a blip.
+  // A stream that breaks means the driver is gone or unreachable. Collectives and commits do
+  // not need it, so a worker that had reached it trains on and keeps re-opening the stream;
+  // only membership changes wait (Join, the round's store). Past the driver timeout it exits,
+  // so that no worker outlives a driver that never comes back by more than that. With a
+  // timeout of 0, or before the stream ever opened, it exits after a short while, as a
+  // blip's allowance.
+  const Duration timeout = *options_.driver_timeout;
+  auto seconds = [](Duration d) { return std::chrono::duration<double>(d).count(); };
   auto lost_since = SteadyClock::now();
   bool ever_open = false;
   while (!stopping_.load()) {
@@ -230,19 +251,39 @@ void Agent::WatchLoop() {
         [&] {
           opened = true;
           ever_open = true;
+          if (driver_lost_.exchange(false)) {
+            spdlog::warn("the driver at {} is reachable again after {:.1f} s", env_.driver_addr,
+                         seconds(SteadyClock::now() - lost_since));
+            warned_reports_.store(false);
+          }
         });
     if (stopping_.load()) return;
-    if (opened) lost_since = SteadyClock::now();
+    TimePoint now = SteadyClock::now();
+    if (opened) lost_since = now;
     if (s.code() == Code::kUnauthenticated || s.code() == Code::kInvalidArgument) {
       spdlog::critical("the driver refused this worker's Watch: {}", s.ToString());
       std::_Exit(3);
     }
-    if (SteadyClock::now() - lost_since > std::chrono::seconds(ever_open ? 3 : 30)) {
-      spdlog::critical("lost the driver at {} ({}); exiting so that no worker outlives it",
-                       env_.driver_addr, s.ToString());
+    const bool ride_out = ever_open && timeout > Duration::zero();
+    if (ride_out && !driver_lost_.exchange(true)) {
+      spdlog::warn(
+          "lost the driver at {} ({}); training goes on without it (membership changes wait "
+          "for it); this worker exits if it is not back within {:.0f} s (--driver-timeout)",
+          env_.driver_addr, s.ToString(), seconds(timeout));
+    }
+    Duration allowed = ride_out ? timeout : std::chrono::seconds(ever_open ? 3 : 30);
+    if (now - lost_since > allowed) {
+      spdlog::critical(
+          "the driver at {} has been unreachable for {:.1f} s ({}; {}); exiting so that no "
+          "worker outlives it",
+          env_.driver_addr, seconds(now - lost_since),
+          ride_out ? fmt::format("--driver-timeout {:.0f} s", seconds(timeout))
+                   : std::string(ever_open ? "--driver-timeout 0" : "it never answered"),
+          s.ToString());
       std::_Exit(3);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // re-open backoff
+    // Re-open backoff; while the driver is down, every 200 ms is enough to see it return.
+    std::this_thread::sleep_for(std::chrono::milliseconds(driver_lost_.load() ? 200 : 100));
   }
 }
 
@@ -325,6 +366,7 @@ StatusOr<bool> Agent::JoinNextRound(int64_t version) {
   }
   assignment_ = joined->assignment;
   current_round_.store(assignment_.round);
+  OutliveParent();
   SetTestHookRound(assignment_.round);
   worker_agent::Topology topo{assignment_.rank,       assignment_.size,
                               assignment_.local_rank, assignment_.local_size,
@@ -373,6 +415,21 @@ StatusOr<bool> Agent::JoinNextRound(int64_t version) {
     }
   }
   return true;
+}
+
+void Agent::OutliveParent() {
+  // A local worker is started with PR_SET_PDEATHSIG (common/process.h): a program that never
+  // reaches the driver dies with it. One that joined rides out a lost driver (WatchLoop), so
+  // the setting goes. It belongs to the thread that exec'd the program, the one that calls
+  // Init() in every API (threads started later never have it): called from elsewhere, this
+  // finds none, and the worker still dies with a local driver.
+  if (outlives_parent_ || *options_.driver_timeout <= Duration::zero()) return;
+  outlives_parent_ = true;
+  int sig = 0;
+  if (prctl(PR_GET_PDEATHSIG, &sig) == 0 && sig != 0) {
+    prctl(PR_SET_PDEATHSIG, 0);
+    spdlog::debug("joined the job: this worker no longer dies with its parent (signal {})", sig);
+  }
 }
 
 Status Agent::BuildNccl(const worker_agent::Topology& topo) {
@@ -518,11 +575,22 @@ void Agent::SendReport(rendezvous::Report r) {
   if (const char* sig = std::getenv("ELASTIC_STACK_SIGNAL")) r.stack_signal = std::atoi(sig);
   if (r.message.size() > 4000) r.message.resize(4000);
   Status s = client_->SendReport(r);
-  if (!s.ok()) spdlog::warn("report to the driver failed: {}", s.ToString());
+  if (s.ok()) return;
+  if (!driver_lost_.load()) {
+    spdlog::warn("report to the driver failed: {}", s.ToString());
+  } else if (!warned_reports_.exchange(true)) {
+    spdlog::info("reports to the driver wait while it is unreachable ({})", s.ToString());
+  }
 }
 
 
 void Agent::ReportCommitted(const Progress& p, Duration rebuild, Duration sync) {
+  // While the driver is unreachable training does not wait for it: the report goes with the
+  // later commits, from the background thread (the newest only).
+  if (driver_lost_.load()) {
+    NoteCommit(p);
+    return;
+  }
   rendezvous::Report r = ProgressReport(rendezvous::ReportKind::kCommitted, p);
   r.rebuild_seconds = std::chrono::duration<double>(rebuild).count();
   r.sync_seconds = std::chrono::duration<double>(sync).count();

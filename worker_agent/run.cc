@@ -35,6 +35,15 @@ class Checkpoints {
   void MaybeWrite(State& state) {
     const rendezvous::Assignment& a = agent_.assignment();
     if (a.rank != 0 || !writer_.Due()) return;
+    // The folder's lock is the driver's: once it is gone, a driver started again on the same
+    // folder may already be writing a new run's checkpoints there. None is begun during an
+    // outage (a write already running finishes).
+    if (agent_.driver_lost()) {
+      if (!paused_) spdlog::info("no checkpoint is written while the driver is unreachable");
+      paused_ = true;
+      return;
+    }
+    paused_ = false;
     std::vector<CheckpointFile> files = state.CheckpointFiles();
     if (files.empty()) {
       if (!warned_unsupported_) {
@@ -112,6 +121,7 @@ class Checkpoints {
   Progress pending_;     // guarded by mu_: what the write in progress holds
   std::string failing_;  // the writer thread's only
   bool warned_unsupported_ = false;
+  bool paused_ = false;  // the driver is unreachable: said once
   Checkpointer writer_;  // last: its thread stops before the members above go
 };
 

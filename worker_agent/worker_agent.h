@@ -53,6 +53,11 @@ struct AgentOptions {
   bool nccl_shrink = true;
   // The NCCL to use instead of loading the library (tests give an in-memory stand-in).
   std::shared_ptr<worker_agent::NcclApi> nccl_api;
+  // How long this worker trains on once the driver is unreachable (its Watch stream broke
+  // and cannot be re-opened) before it exits by itself (docs/recovery.md, "When the driver
+  // is lost"). Unset: ELASTIC_DRIVER_TIMEOUT (seconds; set by `elastic-run --driver-timeout`),
+  // else 120 s. 0: exit 3 s after losing it, and a local worker keeps dying with its driver.
+  std::optional<Duration> driver_timeout;
 };
 
 class Agent {
@@ -79,6 +84,8 @@ class Agent {
 
   // True once the driver announced that the current round is changing.
   bool change_pending() const;
+  // True while the driver is unreachable (its Watch broke and has not re-opened).
+  bool driver_lost() const { return driver_lost_.load(); }
   // Agrees across ranks (max-allreduce of change_pending) and throws HostsUpdated when any
   // rank saw the announcement, so every rank stops at the same commit. May throw
   // WorkerLostError.
@@ -112,6 +119,8 @@ class Agent {
  private:
   Agent(WorkerEnv env, AgentOptions options);
   void WatchLoop();
+  // Clears this thread's parent-death signal once the worker joined (driver timeout > 0).
+  void OutliveParent();
   void ReportLoop();
   void OnEvent(const rendezvous::Event& e);
   void SendReport(rendezvous::Report r);
@@ -128,6 +137,9 @@ class Agent {
   std::atomic<int64_t> changing_round_{-1};  // newest round the driver said is changing
   std::atomic<int64_t> aborted_round_{-1};   // newest round the driver aborted
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> driver_lost_{false};
+  std::atomic<bool> warned_reports_{false};  // a failed report during an outage, said once
+  bool outlives_parent_ = false;             // PR_SET_PDEATHSIG cleared (training thread only)
   std::mutex comm_mu_;  // guards comm_ against Abort from the Watch thread
   // The round's store, kept while its communicator lives (its pairs may connect at their
   // first use); declared before comm_, so it goes after it.

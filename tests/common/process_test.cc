@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -83,6 +84,84 @@ TEST_CASE("A kept stdin gives the program EOF only when it is closed", "[unit]")
   CHECK_FALSE(p.TryReap(&code));
   p.CloseStdin();
   CHECK(WaitExit(p, std::chrono::seconds(30)) == 5);
+}
+
+// Everything readable from a file descriptor now (regular files: up to the end).
+std::string ReadAll(int fd) {
+  std::string out;
+  char buf[256];
+  ssize_t got;
+  while ((got = read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(got));
+  return out;
+}
+
+std::string FileText(const std::string& path) {
+  FILE* f = fopen(path.c_str(), "r");
+  if (f == nullptr) return "<missing>";
+  std::string out;
+  char buf[256];
+  size_t got;
+  while ((got = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, got);
+  fclose(f);
+  return out;
+}
+
+TEST_CASE("Output files: the reader starts at their end, and the program outlives its reader",
+          "[unit]") {
+  char tmpl[] = "/tmp/elastic-process-test-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl, out = dir + "/stdout", err = dir + "/stderr";
+  {
+    FILE* f = fopen(out.c_str(), "w");
+    REQUIRE(f != nullptr);
+    fputs("an earlier launch\n", f);
+    fclose(f);
+  }
+  LaunchSpec spec;
+  // Writes, waits for its stdin to end, writes again: with pipes, whose reader is gone by
+  // then, the second echo would die of SIGPIPE (sh reports 141).
+  spec.argv = {"/bin/sh", "-c",
+               "read -r a; echo one; echo bad >&2; "
+               "while read -r _; do :; done; echo two; exit 3"};
+  spec.stdin_data = "go\n";
+  spec.keep_stdin_open = true;
+  spec.stdout_file = out;
+  spec.stderr_file = err;
+  auto started = Process::Start(spec);
+  REQUIRE(started.ok());
+  Process& p = **started;
+  CHECK(p.output_in_files());
+  std::string seen;
+  for (int i = 0; i < 300 && seen.find("one\n") == std::string::npos; ++i) {
+    seen += ReadAll(p.stdout_fd());  // 0 means "nothing yet", never the end
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(seen == "one\n");
+  p.CloseStdout();
+  p.CloseStderr();
+  p.CloseStdin();
+  CHECK(WaitExit(p, std::chrono::seconds(30)) == 3);
+  CHECK(FileText(out) == "an earlier launch\none\ntwo\n");
+  CHECK(FileText(err) == "bad\n");
+  struct stat st;
+  REQUIRE(stat(err.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  unlink(out.c_str());
+  unlink(err.c_str());
+  rmdir(dir.c_str());
+}
+
+TEST_CASE("Output files that cannot be opened refuse the start, leaving no descriptor open",
+          "[unit]") {
+  int before = OpenDescriptors();
+  LaunchSpec spec;
+  spec.argv = {"/bin/true"};
+  spec.stdout_file = "/nonexistent-dir/stdout";
+  spec.stderr_file = "/nonexistent-dir/stderr";
+  auto p = Process::Start(spec);
+  REQUIRE_FALSE(p.ok());
+  CHECK(p.status().message().find("/nonexistent-dir/stdout") != std::string::npos);
+  CHECK(OpenDescriptors() == before);
 }
 
 TEST_CASE("A kept stdin closes by itself when the process is destroyed", "[unit]") {

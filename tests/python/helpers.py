@@ -46,7 +46,7 @@ class Job:
         try:
             rc = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            kill_tree(self.proc.pid)
             self.proc.wait()
             raise AssertionError("elastic-run did not finish in time; output:\n" + self.text())
         self.reader.join(10)
@@ -56,9 +56,53 @@ class Job:
         return "\n".join(self.lines)
 
     def kill(self):
+        """SIGKILL of the whole job: the driver's process group and its local workers' (each
+        in a group of its own, and riding out a driver that dies alone, --driver-timeout)."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            kill_tree(self.proc.pid)
             self.proc.wait()
+
+
+def descendants(pid):
+    """Pids of every live descendant of `pid`, from /proc's parent links."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_tree(leader):
+    """SIGKILL of the process group `leader` leads and of every group its descendants lead or
+    belong to (never this process's own). The group is stopped first, so that it starts
+    nothing new while its descendants are found."""
+    try:
+        os.killpg(leader, signal.SIGSTOP)
+    except ProcessLookupError:
+        return
+    groups = {leader}
+    for p in descendants(leader):
+        try:
+            groups.add(os.getpgid(p))
+        except ProcessLookupError:
+            pass
+    groups.discard(os.getpgrp())
+    for g in groups:
+        try:
+            os.killpg(g, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def run(args, timeout=120, env=None):

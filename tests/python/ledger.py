@@ -47,15 +47,19 @@ def read(prefix, boundaries=()):
                 for l in read(prefix)]
     lines = []
     for path in sorted(glob.glob(prefix + ".*")):
-        with open(path) as f:
-            texts = f.read().split("\n")
-        # The last piece is what follows the last newline: empty for a file whose every line
-        # ended, or a line whose write was cut short (a SIGKILL during a write that crossed a
-        # page boundary stores its first part; a worker still writing it). Each file is one
-        # process's, so only its last line can be cut: any other line must parse whole.
-        for number, text in enumerate(texts[:-1], 1):
-            lines.append(parse(text, f"{path}:{number}"))
+        lines += read_file(path)
     return lines
+
+
+def read_file(path):
+    """The lines of one process's ledger file."""
+    with open(path) as f:
+        texts = f.read().split("\n")
+    # The last piece is what follows the last newline: empty for a file whose every line
+    # ended, or a line whose write was cut short (a SIGKILL during a write that crossed a
+    # page boundary stores its first part; a worker still writing it). Each file is one
+    # process's, so only its last line can be cut: any other line must parse whole.
+    return [parse(text, f"{path}:{number}") for number, text in enumerate(texts[:-1], 1)]
 
 
 def parse(text, where):

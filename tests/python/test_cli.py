@@ -52,6 +52,8 @@ CASES = [
     (["--discovery-interval", "0"], "--discovery-interval"),
     (["--backend", "mpi"], "--backend"),
     (["--port", "70000"], "--port"),
+    (["--driver-timeout", "-1"], "--driver-timeout"),
+    (["--driver-timeout", "soon"], "--driver-timeout"),
     (["--no-such-option"], "--no-such-option"),
     (["--output-dir", "{blocker}/sub"], "--output-dir"),
     (["--job-file", "{blocker}/sub/job.json"], "--job-file"),

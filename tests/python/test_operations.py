@@ -148,7 +148,8 @@ def test_status_finds_the_only_running_job(elastic_run, example, tmp_path):
                            stderr=subprocess.STDOUT, text=True, env=env, timeout=30)
         assert p.returncode == 0 and "2 worker(s)" in p.stdout, p.stdout
         files = os.listdir(tmp_path / "elastic-run")
-        assert files == [f"{job.proc.pid}.json"], files
+        # The job file, and the spool of its workers' output (driver/driver.cc).
+        assert sorted(files) == [f"{job.proc.pid}.json", f"{job.proc.pid}.output"], files
     finally:
         job.kill()
 

@@ -5,10 +5,11 @@ example's. Prints "final weights HASH steps S" on rank 0.
 
     train_state.py EPOCHS LEDGER_PREFIX [--fail-at STEP] [--fail-all-at STEP] [--leave-at STEP]
                    [--hang-at STEP --hang-how sleep|stop] [--progress ok|raise]
+                   [--print-steps]
 
 --hang-at: the last rank of round 0 hangs before that step (sleeps forever inside the training
 loop, or stops itself with SIGSTOP). --progress: the state defines progress() (its epoch and
-cursor), or one that raises.
+cursor), or one that raises. --print-steps: every rank prints "step S rank R" after each step.
 """
 import hashlib
 import os
@@ -27,6 +28,7 @@ FAIL_ALL_AT = int(sys.argv[sys.argv.index("--fail-all-at") + 1]) if "--fail-all-
 LEAVE_AT = int(sys.argv[sys.argv.index("--leave-at") + 1]) if "--leave-at" in sys.argv else -1
 HANG_AT = int(sys.argv[sys.argv.index("--hang-at") + 1]) if "--hang-at" in sys.argv else -1
 HANG_HOW = sys.argv[sys.argv.index("--hang-how") + 1] if "--hang-how" in sys.argv else "sleep"
+PRINT_STEPS = "--print-steps" in sys.argv
 N, D, GLOBAL = 512, 8, 32
 rng = np.random.default_rng(5)
 X = rng.normal(size=(N, D))
@@ -76,6 +78,8 @@ def train(state):
             state.w = state.w - 0.05 * (grad / FIXED) / len(take)
             state.cursor += len(take)
             state.step += 1
+            if PRINT_STEPS:
+                print(f"step {state.step} rank {r}")  # PYTHONUNBUFFERED: one write per line
             time.sleep(0.01)
             if state.step % 3 == 0 or state.cursor >= N:
                 state.commit()

@@ -1,0 +1,218 @@
+"""The job outlives its driver (issue 26, docs/recovery.md "When the driver is lost"): workers
+that joined train on while the driver is gone, for up to --driver-timeout; then every one exits
+by itself. Their output goes to files that outlive the driver, so nothing a worker writes
+harms it. A program that never joined still dies with its driver. The oracles are the
+workers' own ledgers and output files, and /proc (which processes carry the test's marker),
+never the driver's account."""
+import glob
+import os
+import signal
+import time
+
+from helpers import Job, procs_with_marker, wait_no_marker
+import ledger
+
+TIMEOUT = 4  # --driver-timeout of these tests, in seconds
+SLACK = 5    # the issue's bound: every worker gone by the timeout + 5 s
+
+
+def marked_env(marker, **extra):
+    env = dict(os.environ)
+    env["ELASTIC_TEST_MARK"] = marker
+    env.update(extra)
+    return env
+
+
+def workers(marker, slot=None):
+    """The live worker processes of the test (the marker, and a slot, in their environment:
+    the driver has the marker alone), found in /proc."""
+    want = b"ELASTIC_SLOT=" + (slot.encode() + b"\0" if slot else b"")
+    out = []
+    for pid in procs_with_marker(marker):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read()
+        except OSError:
+            continue
+        if (b"\0" + want) in env or env.startswith(want):
+            out.append(pid)
+    return sorted(out)
+
+
+def wait_workers(marker, n, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = workers(marker)
+        if len(pids) >= n:
+            return sorted(pids)
+        time.sleep(0.1)
+    raise AssertionError(f"{n} workers never started: {workers(marker)}")
+
+
+def kill_driver(job):
+    """SIGKILL of elastic-run alone (its workers are in process groups of their own)."""
+    os.kill(job.proc.pid, signal.SIGKILL)
+    job.proc.wait(10)
+    return time.time()
+
+
+def lines_after(prefix, t):
+    """Ledger lines (steps started) per rank file, written after time t (seconds)."""
+    out = {}
+    for path in glob.glob(prefix + ".*"):
+        out[path] = sum(1 for l in ledger.read_file(path) if l.ts > t * 1000)
+    return out
+
+
+def check_all_gone(marker, killed_at):
+    left = wait_no_marker(marker, timeout=TIMEOUT + SLACK + 5)
+    assert not left, f"workers outlived the driver's timeout: {left}"
+    return time.time() - killed_at
+
+
+def slot_files(root):
+    return {os.path.basename(d): d for d in glob.glob(os.path.join(root, "*"))}
+
+
+def test_cpp_workers_train_on_without_the_driver_then_exit_by_themselves(
+        elastic_run, build_dir, tmp_path):
+    marker = f"outage-cpp-{os.getpid()}"
+    book = str(tmp_path / "ledger")
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    example = str(build_dir / "examples" / "logistic_regression")
+    job = Job([elastic_run, "-np", "2", "--driver-timeout", str(TIMEOUT), example,
+               "--epochs", "100000", "--step-ms", "5", "--ledger", book],
+              env=marked_env(marker, XDG_RUNTIME_DIR=str(runtime)))
+    try:
+        job.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
+        pids = wait_workers(marker, 2)
+        killed_at = kill_driver(job)
+        time.sleep(2)
+        # Still the same processes, and still training: each rank's ledger has steps
+        # started after the kill, and later ones (a step is only started once the one before
+        # it went through its allreduce).
+        assert workers(marker) == pids
+        after = lines_after(book, killed_at + 0.2)
+        assert len(after) == 2 and all(n >= 20 for n in after.values()), after
+        took = check_all_gone(marker, killed_at)
+        assert took >= TIMEOUT - 0.5, f"workers left {took:.1f} s after the kill"
+    finally:
+        job.kill()
+        wait_no_marker(marker, timeout=15)
+    # The output the workers wrote during the outage is kept where the driver said.
+    spools = glob.glob(str(runtime / "elastic-run" / "*.output"))
+    assert len(spools) == 1, spools
+    assert f"worker output is kept in {spools[0]}" in job.text()
+    slots = slot_files(spools[0])
+    assert sorted(slots) == ["localhost_0", "localhost_1"], slots
+    err0 = open(os.path.join(slots["localhost_0"], "stderr")).read()
+    assert "lost the driver" in err0 and "training goes on without it" in err0, err0
+    assert f"unreachable for" in err0 and f"--driver-timeout {TIMEOUT} s" in err0, err0
+    out0 = open(os.path.join(slots["localhost_0"], "stdout")).read()
+    shown = sum(1 for l in job.lines if l.startswith("[0]<stdout>:epoch "))
+    kept = sum(1 for l in out0.splitlines() if l.startswith("epoch "))
+    assert kept > shown, (shown, kept)  # epochs finished while the driver was gone
+
+
+def test_python_workers_print_through_a_driver_outage(elastic_run, tmp_path):
+    """A Python print with its stdout's reader gone raises BrokenPipeError: the outputs are
+    files, so the workers print on (and the lines are kept under --output-dir)."""
+    marker = f"outage-py-{os.getpid()}"
+    worker = os.path.join(os.path.dirname(__file__), "workers", "train_state.py")
+    out = tmp_path / "out"
+    job = Job([elastic_run, "-np", "2", "--driver-timeout", str(TIMEOUT), "--output-dir",
+               str(out), "/usr/bin/python3", worker, "100000", str(tmp_path / "ledger"),
+               "--print-steps"], env=marked_env(marker))
+    try:
+        job.wait_for(r"\[1\]<stdout>:step 30 rank 1", timeout=90)
+        pids = wait_workers(marker, 2)
+        killed_at = kill_driver(job)
+        time.sleep(2)
+        assert workers(marker) == pids
+        check_all_gone(marker, killed_at)
+    finally:
+        job.kill()
+        wait_no_marker(marker, timeout=15)
+    for slot in ("localhost_0", "localhost_1"):
+        text = (out / slot / "stdout").read_text()
+        err = (out / slot / "stderr").read_text()
+        assert "BrokenPipe" not in err and "Traceback" not in err, err
+        assert "unreachable for" in err, err
+        steps = [int(l.split()[1]) for l in text.splitlines() if l.startswith("step ")]
+        shown = [int(l.split(":step ")[1].split()[0]) for l in job.lines
+                 if l.startswith(f"[{slot[-1]}]<stdout>:step ")]
+        # Printed while the driver was gone: many more steps than the driver showed.
+        assert steps and max(steps) > max(shown) + 20, (max(steps), max(shown))
+
+
+def test_a_peer_lost_during_the_outage_leaves_the_survivors_waiting_for_the_driver(
+        elastic_run, build_dir, tmp_path):
+    """A membership change needs the driver: the survivors of a peer killed while it is gone
+    roll back, wait in Join, and exit by themselves at the timeout."""
+    marker = f"outage-peer-{os.getpid()}"
+    book = str(tmp_path / "ledger")
+    out = tmp_path / "out"
+    example = str(build_dir / "examples" / "logistic_regression")
+    job = Job([elastic_run, "-np", "3", "--min-np", "1", "--driver-timeout", str(TIMEOUT),
+               "--output-dir", str(out), example, "--epochs", "100000", "--step-ms", "5",
+               "--ledger", book], env=marked_env(marker))
+    try:
+        job.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
+        wait_workers(marker, 3)
+        killed_at = kill_driver(job)
+        time.sleep(0.5)
+        victim = workers(marker, "localhost:2")
+        assert len(victim) == 1, victim
+        os.kill(victim[0], signal.SIGKILL)
+        time.sleep(1.5)
+        assert len(workers(marker)) == 2  # the survivors wait
+        # They stopped training: no step started in the last second.
+        quiet = lines_after(book, time.time() - 1.0)
+        assert sum(quiet.values()) == 0, quiet
+        check_all_gone(marker, killed_at)
+    finally:
+        job.kill()
+        wait_no_marker(marker, timeout=15)
+    err = (out / "localhost_0" / "stderr").read_text()
+    assert "rolling back to the last commit" in err, err
+    assert "unreachable for" in err, err
+
+
+def test_a_program_that_never_joined_dies_with_its_driver(elastic_run, tmp_path):
+    marker = f"outage-plain-{os.getpid()}"
+    job = Job([elastic_run, "-np", "2", "--driver-timeout", "600", "sleep", "600"],
+              env=marked_env(marker))
+    try:
+        wait_workers(marker, 2)
+        kill_driver(job)
+        assert not wait_no_marker(marker, timeout=5)
+    finally:
+        job.kill()
+        wait_no_marker(marker, timeout=15)
+
+
+def test_driver_timeout_0_workers_die_with_their_driver(elastic_run, build_dir, tmp_path):
+    marker = f"outage-zero-{os.getpid()}"
+    example = str(build_dir / "examples" / "logistic_regression")
+    job = Job([elastic_run, "-np", "2", "--driver-timeout", "0", example, "--epochs", "100000",
+               "--step-ms", "5"], env=marked_env(marker))
+    try:
+        job.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
+        wait_workers(marker, 2)
+        kill_driver(job)
+        assert not wait_no_marker(marker, timeout=5)
+    finally:
+        job.kill()
+        wait_no_marker(marker, timeout=15)
+
+
+def test_a_job_that_ends_removes_its_output_spool(elastic_run, build_dir, tmp_path):
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    example = str(build_dir / "examples" / "logistic_regression")
+    job = Job([elastic_run, "-np", "2", example, "--epochs", "1"],
+              env=marked_env("spool", XDG_RUNTIME_DIR=str(runtime)))
+    assert job.wait(timeout=120) == 0, job.text()
+    assert "[0]<stdout>:final: " in job.text()
+    assert "worker output is kept in " in job.text()
+    assert glob.glob(str(runtime / "elastic-run" / "*.output")) == []
