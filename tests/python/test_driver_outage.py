@@ -9,6 +9,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from helpers import Job, procs_with_marker, wait_no_marker
 import ledger
 
@@ -55,6 +57,17 @@ def kill_driver(job):
     return time.time()
 
 
+def kill_driver_of_training(job, marker, n, pattern):
+    """Once `pattern` is printed, SIGKILL of the driver of n training workers; 2 s later the
+    same worker processes must still be there. Returns the time of the kill."""
+    job.wait_for(pattern, timeout=90)
+    pids = wait_workers(marker, n)
+    killed_at = kill_driver(job)
+    time.sleep(2)
+    assert workers(marker) == pids
+    return killed_at
+
+
 def lines_after(prefix, t):
     """Ledger lines (steps started) per rank file, written after time t (seconds)."""
     out = {}
@@ -84,14 +97,9 @@ def test_cpp_workers_train_on_without_the_driver_then_exit_by_themselves(
                "--epochs", "100000", "--step-ms", "5", "--ledger", book],
               env=marked_env(marker, XDG_RUNTIME_DIR=str(runtime)))
     try:
-        job.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
-        pids = wait_workers(marker, 2)
-        killed_at = kill_driver(job)
-        time.sleep(2)
-        # Still the same processes, and still training: each rank's ledger has steps
-        # started after the kill, and later ones (a step is only started once the one before
-        # it went through its allreduce).
-        assert workers(marker) == pids
+        killed_at = kill_driver_of_training(job, marker, 2, r"\[0\]<stdout>:epoch 1 done")
+        # Still training: each rank's ledger has steps started after the kill, and later ones
+        # (a step is only started once the one before it went through its allreduce).
         after = lines_after(book, killed_at + 0.2)
         assert len(after) == 2 and all(n >= 20 for n in after.values()), after
         took = check_all_gone(marker, killed_at)
@@ -124,11 +132,7 @@ def test_python_workers_print_through_a_driver_outage(elastic_run, tmp_path):
                str(out), "/usr/bin/python3", worker, "100000", str(tmp_path / "ledger"),
                "--print-steps"], env=marked_env(marker))
     try:
-        job.wait_for(r"\[1\]<stdout>:step 30 rank 1", timeout=90)
-        pids = wait_workers(marker, 2)
-        killed_at = kill_driver(job)
-        time.sleep(2)
-        assert workers(marker) == pids
+        killed_at = kill_driver_of_training(job, marker, 2, r"\[1\]<stdout>:step 30 rank 1")
         check_all_gone(marker, killed_at)
     finally:
         job.kill()
@@ -178,26 +182,18 @@ def test_a_peer_lost_during_the_outage_leaves_the_survivors_waiting_for_the_driv
     assert "unreachable for" in err, err
 
 
-def test_a_program_that_never_joined_dies_with_its_driver(elastic_run, tmp_path):
-    marker = f"outage-plain-{os.getpid()}"
-    job = Job([elastic_run, "-np", "2", "--driver-timeout", "600", "sleep", "600"],
-              env=marked_env(marker))
-    try:
-        wait_workers(marker, 2)
-        kill_driver(job)
-        assert not wait_no_marker(marker, timeout=5)
-    finally:
-        job.kill()
-        wait_no_marker(marker, timeout=15)
-
-
-def test_driver_timeout_0_workers_die_with_their_driver(elastic_run, build_dir, tmp_path):
-    marker = f"outage-zero-{os.getpid()}"
+@pytest.mark.parametrize("case", ["never-joined", "timeout-0"])
+def test_workers_that_do_not_ride_out_die_with_their_driver(elastic_run, build_dir, case):
+    """A program that never joined the job (here `sleep`, under a long timeout), and every
+    worker under --driver-timeout 0: gone within seconds of the driver's SIGKILL."""
+    marker = f"outage-{case}-{os.getpid()}"
     example = str(build_dir / "examples" / "logistic_regression")
-    job = Job([elastic_run, "-np", "2", "--driver-timeout", "0", example, "--epochs", "100000",
-               "--step-ms", "5"], env=marked_env(marker))
+    command = (["--driver-timeout", "600", "sleep", "600"] if case == "never-joined" else
+               ["--driver-timeout", "0", example, "--epochs", "100000", "--step-ms", "5"])
+    job = Job([elastic_run, "-np", "2"] + command, env=marked_env(marker))
     try:
-        job.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
+        if case == "timeout-0":
+            job.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
         wait_workers(marker, 2)
         kill_driver(job)
         assert not wait_no_marker(marker, timeout=5)
