@@ -599,7 +599,7 @@ void Driver::Loop() {
             out_.Feed(w.slot, stream, buf.data(), static_cast<size_t>(got), label,
                       w.proc->output_in_files());
           }
-          out_.Finish(w.slot, stream, label);
+          out_.Finish(w.slot, stream, label, w.proc->output_in_files());
         }
         w.proc->CloseStdout();
         w.proc->CloseStderr();

@@ -30,9 +30,8 @@ std::string SlotFile(const std::string& root, const std::string& slot, int strea
 }  // namespace
 
 std::string OutputMux::WorkerFile(const std::string& slot, int stream) {
-  if (!output_dir_.empty()) return SlotFile(output_dir_, slot, stream, 0755);
-  if (!spool_dir_.empty()) return SlotFile(spool_dir_, slot, stream, 0700);
-  return "";
+  if (files_dir().empty()) return "";
+  return SlotFile(files_dir(), slot, stream, output_dir_.empty() ? 0700 : 0755);
 }
 
 FILE* OutputMux::MirrorFile(const std::string& slot, int stream) {
@@ -60,11 +59,6 @@ void OutputMux::Emit(const std::string& slot, int stream, const std::string& lin
 
 void OutputMux::Feed(const std::string& slot, int stream, const char* data, size_t n,
                      const std::string& label, bool in_file) {
-  if (in_file) {
-    in_file_.insert({slot, stream});
-  } else if (n > 0) {
-    in_file_.erase({slot, stream});
-  }
   const bool mirror = !in_file;
   std::string& buf = partial_[{slot, stream}];
   buf.append(data, n);
@@ -82,10 +76,11 @@ void OutputMux::Feed(const std::string& slot, int stream, const char* data, size
   }
 }
 
-void OutputMux::Finish(const std::string& slot, int stream, const std::string& label) {
+void OutputMux::Finish(const std::string& slot, int stream, const std::string& label,
+                       bool in_file) {
   auto it = partial_.find({slot, stream});
   if (it == partial_.end()) return;
-  if (!it->second.empty()) Emit(slot, stream, it->second, label, !in_file_.count({slot, stream}));
+  if (!it->second.empty()) Emit(slot, stream, it->second, label, !in_file);
   partial_.erase(it);
 }
 

@@ -8,7 +8,6 @@
 
 #include <cstdio>
 #include <map>
-#include <set>
 #include <string>
 #include <utility>
 
@@ -30,8 +29,9 @@ class OutputMux {
   // The folder for worker files when there is no output directory (made by the caller, 0700).
   void SetSpoolDir(std::string dir) { spool_dir_ = std::move(dir); }
   const std::string& files_dir() const { return output_dir_.empty() ? spool_dir_ : output_dir_; }
-  // The stream ended: prints what is left of a last unterminated line.
-  void Finish(const std::string& slot, int stream, const std::string& label);
+  // The stream ended: prints what is left of a last unterminated line (`in_file` as Feed).
+  void Finish(const std::string& slot, int stream, const std::string& label,
+              bool in_file = false);
 
  private:
   void Emit(const std::string& slot, int stream, const std::string& line, const std::string& label,
@@ -43,7 +43,6 @@ class OutputMux {
   std::string spool_dir_;
   std::map<std::pair<std::string, int>, std::string> partial_;
   std::map<std::pair<std::string, int>, FILE*> mirrors_;
-  std::set<std::pair<std::string, int>> in_file_;  // streams last fed from a worker's file
 };
 
 }  // namespace elastic::driver
