@@ -902,7 +902,8 @@ void Policy::OnCheckpointReport(const Worker& w, const rendezvous::Report& r) {
                              {"cursor", known(r.cursor)},
                              {"path", r.message},
                              {"state_lost", lost},
-                             {"steps_lost", steps_lost}});
+                             {"steps_lost", steps_lost},
+                             {"lost_in_round", lost ? s_.lost_round : int64_t{-1}}});
     if (lost) s_.restore_round = -1;
     return;
   }
@@ -943,8 +944,19 @@ void Policy::OnRoundFormed(const rendezvous::FormedRound& f) {
   for (size_t i = 0; i < f.members.size(); ++i) {
     if (f.versions[i] != f.version) behind.push_back(f.members[i]);
   }
+  if (!f.state_lost && f.version == 0 && s_.restore_round >= 0) {
+    // The state-lost round was superseded (a newcomer, a failure) before its rank 0 restored,
+    // and this one holds no commit either; the core started versions over with the loss, so
+    // only the policy still knows: this round's rank 0 restores, and it is the loss's restore.
+    Log(Action::kWarn,
+        fmt::format("round {} supersedes round {} before its checkpoint was restored; no member "
+                    "holds a commit, so rank 0 of round {} restores it",
+                    f.round, s_.restore_round, f.round));
+    s_.restore_round = f.round;
+  }
   if (f.state_lost && !d_.checkpoint_dir.empty()) {
     s_.restore_round = f.round;
+    s_.lost_round = f.round;
     s_.lost_committed = f.newest_committed;
     Log(Action::kWarn,
         fmt::format("state lost: no worker of round {} holds a commit (the newest was version "

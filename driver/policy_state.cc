@@ -159,8 +159,8 @@ struct Reader {
   X(formed_at) X(next_progress) X(progress_samples) X(progress_step) X(progress_at)             \
   X(longest_interval) X(finishing) X(finisher) X(finishing_at) X(shutting_down) X(exit_code)    \
   X(final_message) X(kill_at) X(wait_until) X(recovery_start) X(recovering) X(round_broken)     \
-  X(first_commit_logged) X(started) X(restore_round) X(lost_committed) X(checkpoint_version)    \
-  X(checkpoint_step) X(checkpoint_failures) X(checkpoint_seconds) X(checkpoint_path)            \
+  X(first_commit_logged) X(started) X(restore_round) X(lost_committed) X(lost_round)             \
+  X(checkpoint_version) X(checkpoint_step) X(checkpoint_failures) X(checkpoint_seconds) X(checkpoint_path)            \
   X(checkpoint_error) X(last_listed) X(last_listed_order)
 
 // Writer::Put and Reader::Get of `Type`, from its field list.

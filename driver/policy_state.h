@@ -98,8 +98,10 @@ struct PolicyState {
   bool first_commit_logged = true;
   bool started = false;  // some round formed
   // A round formed without any commit after commits were made (state lost), with
-  // --checkpoint-dir: its rank 0 restores a checkpoint; what was committed before.
-  int64_t restore_round = -1, lost_committed = 0;
+  // --checkpoint-dir: its rank 0 restores a checkpoint; what was committed before. A round
+  // that supersedes it before the restore, with no commit either, takes the restore over
+  // (restore_round moves on); lost_round stays the round the state was lost in.
+  int64_t restore_round = -1, lost_committed = 0, lost_round = -1;
   int64_t checkpoint_version = -1, checkpoint_step = -1, checkpoint_failures = 0;
   double checkpoint_seconds = 0;
   std::string checkpoint_path, checkpoint_error;

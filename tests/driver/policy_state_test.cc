@@ -473,6 +473,7 @@ TEST_CASE("every field of the state survives a save and a load", "[policy_state]
   s.started = true;
   s.restore_round = 4;
   s.lost_committed = 3;
+  s.lost_round = 2;
   s.checkpoint_version = 70;
   s.checkpoint_step = 71;
   s.checkpoint_failures = 2;
@@ -566,6 +567,7 @@ TEST_CASE("every field of the state survives a save and a load", "[policy_state]
   CHECK(l.started == s.started);
   CHECK(l.restore_round == s.restore_round);
   CHECK(l.lost_committed == s.lost_committed);
+  CHECK(l.lost_round == s.lost_round);
   CHECK(l.checkpoint_version == s.checkpoint_version);
   CHECK(l.checkpoint_step == s.checkpoint_step);
   CHECK(l.checkpoint_failures == s.checkpoint_failures);

@@ -607,6 +607,58 @@ TEST_CASE("policy: state lost fails the job and says how to start over", "[unit]
   CHECK_THAT(job.policy->final_message(), Catch::Contains("--start-over-if-state-lost"));
 }
 
+// Soak seed 837298589 (--checkpoints): every holder killed, round 31 formed state-lost; a
+// newcomer fenced it before its rank 0 restored, and round 32 formed with no commit either. The
+// core had started versions over (newest_committed 0), so round 32 was no loss to it, and its
+// restore was reported as an ordinary resume that lost nothing.
+TEST_CASE("policy: a state-lost round superseded before its restore hands the restore on",
+          "[unit]") {
+  DriverOptions d = Static({{"a", 3}}, 3, 1);
+  d.checkpoint_dir = "/ckpt";
+  Job job(d);
+  job.StartFormed({{"a", 3}}, {"a:0", "a:1", "a:2"});
+  job.Commit("a:0", 0, 40);
+  job.policy->OnMemberLeft(0, "a:1");  // round 1 is proposed
+  job.Take();
+  FormedRound lost;
+  lost.round = 1;
+  lost.members = {"a:0", "a:1", "a:2"};
+  lost.versions = {0, 0, 0};
+  lost.newest_committed = 40;
+  lost.state_lost = true;
+  job.policy->OnRoundFormed(lost);
+  auto a = job.Take();
+  REQUIRE(Events(a, "state_lost").size() == 1);
+  // Round 2 forms before round 1's rank 0 said anything: no member holds a commit, and the
+  // core no longer counts the loss (it started versions over).
+  job.policy->OnMemberLeft(1, "a:2");
+  a = job.Take();
+  REQUIRE(Of(a, Action::kProposeRound).size() == 1);
+  REQUIRE(Of(a, Action::kProposeRound)[0]->round == 2);
+  FormedRound next;
+  next.round = 2;
+  next.members = {"a:0", "a:1", "a:2"};
+  next.versions = {0, 0, 0};
+  next.newest_committed = 0;
+  job.policy->OnRoundFormed(next);
+  rendezvous::Report r;
+  r.slot = "a:0";
+  r.kind = rendezvous::ReportKind::kRestored;
+  r.round = 2;
+  r.version = 30;
+  r.step = 30;
+  r.message = "/ckpt/v30";
+  job.policy->OnReport(r);
+  a = job.Take();
+  auto restored = Events(a, "state_restored");
+  REQUIRE(restored.size() == 1);
+  CHECK(std::get<bool>(*Field(*restored[0], "state_lost")));
+  CHECK(std::get<int64_t>(*Field(*restored[0], "steps_lost")) == 10);
+  REQUIRE(Field(*restored[0], "lost_in_round") != nullptr);
+  CHECK(std::get<int64_t>(*Field(*restored[0], "lost_in_round")) == 1);
+  CHECK_FALSE(job.policy->shutting_down());
+}
+
 TEST_CASE("policy: a failed member's survivors get one ABORT each, no fence after it", "[unit]") {
   // The survivors of a formed round are told to abort it; the next round's proposal does not
   // fence them again (they have stopped), so the driver sends one message per survivor.

@@ -720,9 +720,11 @@ class Soak:
         if lost and not self.args.checkpoints:
             problems.append("the driver reported the state lost")
         for i, e in enumerate(j.ev.all):
-            # With checkpoints, each loss must be followed by a restore from one.
+            # With checkpoints, each loss must be followed by a restore from one, by its round
+            # or by a later one that superseded it before the restore (lost_in_round names it).
             if e["event"] == "state_lost" and self.args.checkpoints and not any(
-                    r["event"] == "state_restored" and r["round"] == e["round"]
+                    r["event"] == "state_restored" and r.get("state_lost")
+                    and e["round"] in (r["round"], r.get("lost_in_round"))
                     for r in j.ev.all[i:]):
                 problems.append(f"the state was lost in round {e['round']} and no checkpoint "
                                 f"was restored")
