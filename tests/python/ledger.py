@@ -79,10 +79,14 @@ def check(prefix, samples, epochs, max_rollback, boundaries=(), restarts=(),
           restart_window_ms=0):
     """Returns a list of violations (empty: the promise held). `prefix`: one run's ledger, or
     the list of a job's runs (see read(), and `boundaries` for one ledger of several runs).
-    `restarts` (ms since the epoch): when the state was lost on purpose (the whole job, or
-    every holder, killed; training goes on from a checkpoint): the first round after each may
-    resume further back, by at most the steps trained in the `restart_window_ms` before it (the
-    checkpoint interval and its write) plus `max_rollback`.
+    `restarts`: when the state was lost on purpose (the whole job, or every holder, killed;
+    training goes on from a checkpoint), each a time or a (start, end) pair of times (ms since
+    the epoch): the kill began at start and every target had been signalled by end. The first
+    round whose first line is after end may resume further back, by at most the steps trained
+    from `restart_window_ms` before start (the checkpoint interval and its write) to end, plus
+    `max_rollback`. Rounds whose first line falls between start and end are the doomed
+    processes' own: the kills are one after another, and the first targets' peers re-form in
+    milliseconds (a soak's kill-all, seed 593144367) before their own kill.
 
     * every (epoch, step) has, in its newest round, exactly one line from every rank of that
       round (a step re-run inside one round, or committed without some rank, is a violation);
@@ -130,10 +134,11 @@ def check(prefix, samples, epochs, max_rollback, boundaries=(), restarts=(),
         first_ts[l.round] = min(first_ts.get(l.round, l.ts), l.ts)
     allowance = {}  # round -> extra rollback allowed (the first round after a restart)
     for t in restarts:
-        after = [r for r in first_ts if first_ts[r] > t]
+        start, end = t if isinstance(t, (list, tuple)) else (t, t)
+        after = [r for r in first_ts if first_ts[r] > end]
         if after:
             r = min(after, key=lambda x: first_ts[x])
-            recent = {l.step for l in lines if t - restart_window_ms <= l.ts <= t}
+            recent = {l.step for l in lines if start - restart_window_ms <= l.ts <= end}
             allowance[r] = max(allowance.get(r, 0), len(recent))
     furthest = 0
     for r in sorted(first):

@@ -55,3 +55,42 @@ def test_a_sample_consumed_twice_or_missed_is_a_violation(tmp_path):
     write(tmp_path / "l.r1", WHOLE["r1"].replace("6,7", "5,7"))
     problems = ledger.check(str(tmp_path / "l"), 8, 1, max_rollback=0)
     assert problems, "index 5 twice and 6 never must be reported"
+
+
+def steps(rank_round_steps, ts0, step0, index0):
+    """Ledger lines of one rank of a one-rank round: one index per step, 10 ms apart."""
+    return "".join(f"0 {step0 + i} {r} 0 1 {ts0 + 10 * i} {index0 + i}\n"
+                   for i, r in enumerate(rank_round_steps))
+
+
+# A kill of every holder that took from t=1095 to t=1105 (the soak signals its targets one
+# after another): round 0 trained steps 1..10; round 1, formed by a doomed process whose peer
+# was killed first, trained step 11 before its own kill; round 2 restored the checkpoint of
+# step 6 and trained 7..20.
+RESTART = (steps([0] * 10, 1000, 1, 0) + steps([1], 1100, 11, 10) +
+           steps([2] * 14, 1200, 7, 6))
+
+
+def test_a_restart_allows_its_rollback_to_the_round_that_restores(tmp_path):
+    # The seed 593144367 checkpoint soak (CI) and seed 1486926: the allowance went to the
+    # doomed processes' round (its first line came after the kill began), and the restoring
+    # round's rollback was reported as steps thrown away.
+    write(tmp_path / "l.r0", RESTART)
+    book = str(tmp_path / "l")
+    assert ledger.check(book, 20, 1, max_rollback=0, restarts=[(1095, 1105)],
+                        restart_window_ms=100) == []
+    # Told only when the kill began, the doomed round takes the allowance: the restore's
+    # rollback is a violation, as the soak reported it.
+    assert ledger.check(book, 20, 1, max_rollback=0, restarts=[1095],
+                        restart_window_ms=100) == [
+        "round 2 resumed at step 7 after step 11 had been reached: 5 steps thrown away (at "
+        "most 0 may be)"]
+
+
+def test_a_restart_allows_one_rollback_only(tmp_path):
+    # A second rollback after the restore's is state thrown away, restart or not.
+    write(tmp_path / "l.r0", RESTART + steps([3] * 3, 1400, 18, 17))
+    problems = ledger.check(str(tmp_path / "l"), 20, 1, max_rollback=0,
+                            restarts=[(1095, 1105)], restart_window_ms=100)
+    assert problems == ["round 3 resumed at step 18 after step 20 had been reached: 3 steps "
+                        "thrown away (at most 0 may be)"]

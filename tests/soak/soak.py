@@ -171,7 +171,7 @@ class JobRun:
         self.interval = round(self.rng.uniform(0.5, 2.0), 2)  # --checkpoint-interval
         self.run_start = 0  # index in ev.all where the current run's events begin
         self.boundaries = []  # ms: each killed run's processes were all gone by then
-        self.restarts = []  # ms: when the state was lost on purpose (job-kill, kill-all)
+        self.restarts = []  # (start, end) ms: the state lost on purpose (job-kill, kill-all)
 
     def checkpointed(self):
         """A checkpoint was written in the current run (a restart has something to take)."""
@@ -464,11 +464,11 @@ class Soak:
         if j.counts["job-kill"] >= MAX_RESTARTS or not j.checkpointed():
             return job
         fault = j.record("job-kill", [])
-        j.restarts.append(fault.at * 1000)
         # Every process of this run counts as touched (the driver died with them: none of
         # their exits is in its event log).
         j.hit.update(e["pid"] for e in j.ev.all if e["event"] == "worker_started")
         job.kill()
+        j.restarts.append((fault.at * 1000, time.time() * 1000 + 1))
         job.wait(timeout=30)
         left = self.leftovers(marker)
         if left:
@@ -525,10 +525,18 @@ class Soak:
             # Every member at once, after a checkpoint of this run: the state is lost for real.
             if j.counts[action] >= MAX_RESTARTS or not j.checkpointed() or not members:
                 return None
+            # The pids first (each is a /proc scan), then the kills back to back: the first
+            # targets' peers re-form in milliseconds and train until their own kill. The
+            # restart spans from the first kill to the last (see ledger.check).
+            pids = [j.worker_pid(t) for t in members]
             fault = j.record(action, members)
-            j.restarts.append(fault.at * 1000)
-            for t in members:
-                self.signal(j, t, signal.SIGKILL)
+            for pid in pids:
+                if pid is not None:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            j.restarts.append((fault.at * 1000, time.time() * 1000 + 1))
             return fault
         if action == "kill-many":
             if len(members) < 3 or len(holders) < 2:
