@@ -251,6 +251,7 @@ void Agent::WatchLoop() {
         [&] {
           opened = true;
           ever_open = true;
+          watch_opened_.store(true);
           if (driver_lost_.exchange(false)) {
             spdlog::warn("the driver at {} is reachable again after {:.1f} s", env_.driver_addr,
                          seconds(SteadyClock::now() - lost_since));
@@ -350,11 +351,23 @@ StatusOr<bool> Agent::JoinNextRound(int64_t version) {
         "its peers take in at their next commit)",
         env_.slot);
   }
+  // A worker that reached the driver rides out its loss from here on, also while it waits
+  // for a place (a warm spare, a newcomer): a driver that adopts the job finds it running.
+  // The stream opens in parallel with the first Join (WatchLoop): a moment's wait for it.
+  if (!outlives_parent_) {
+    TimePoint until = SteadyClock::now() + std::chrono::seconds(1);
+    while (!watch_opened_.load() && SteadyClock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (watch_opened_.load()) OutliveParent();
+  }
   auto joined = client_->Join(env_.slot, current_round_.load(), version, options_.join_timeout);
   if (spare_) {
     // A warm spare (elastic-run --spares) waits for a place as long as the job runs: the
-    // driver gives it one, removes it, or stops it.
-    while (!joined.ok() && joined.status().code() == Code::kDeadlineExceeded) {
+    // driver gives it one, removes it, or stops it. While the driver is unreachable it waits
+    // for it, until WatchLoop's --driver-timeout ends the process.
+    while (!joined.ok() && (joined.status().code() == Code::kDeadlineExceeded ||
+                            joined.status().code() == Code::kUnavailable)) {
       joined = client_->Join(env_.slot, current_round_.load(), version, options_.join_timeout);
     }
     spare_ = false;

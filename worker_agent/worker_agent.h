@@ -140,6 +140,7 @@ class Agent {
   std::atomic<bool> driver_lost_{false};
   std::atomic<bool> warned_reports_{false};  // a failed report during an outage, said once
   bool outlives_parent_ = false;             // PR_SET_PDEATHSIG cleared (training thread only)
+  std::atomic<bool> watch_opened_{false};    // the driver's stream was open once
   std::mutex comm_mu_;  // guards comm_ against Abort from the Watch thread
   // The round's store, kept while its communicator lives (its pairs may connect at their
   // first use); declared before comm_, so it goes after it.
