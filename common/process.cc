@@ -2,8 +2,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/mman.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -342,11 +343,63 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
   return p;
 }
 
+namespace {
+
+// Positions `fd` (a file opened for reading) at `offset`, or at its end when the offset is
+// unknown or past the end (the file was replaced).
+void SeekTo(int fd, int64_t offset) {
+  struct stat st;
+  if (offset >= 0 && fstat(fd, &st) == 0 && offset <= st.st_size) {
+    lseek(fd, static_cast<off_t>(offset), SEEK_SET);
+  } else {
+    lseek(fd, 0, SEEK_END);
+  }
+}
+
+}  // namespace
+
+int64_t Process::stdout_offset() const {
+  return output_in_files_ && out_fd_ >= 0 ? static_cast<int64_t>(lseek(out_fd_, 0, SEEK_CUR)) : -1;
+}
+
+int64_t Process::stderr_offset() const {
+  return output_in_files_ && err_fd_ >= 0 ? static_cast<int64_t>(lseek(err_fd_, 0, SEEK_CUR)) : -1;
+}
+
+StatusOr<std::unique_ptr<Process>> Process::Adopt(pid_t pid, const std::string& stdout_file,
+                                                  const std::string& stderr_file,
+                                                  int64_t stdout_offset, int64_t stderr_offset) {
+  std::unique_ptr<Process> p(new Process());
+  p->adopted_ = true;
+  p->pid_ = pid;
+  p->pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (p->pidfd_ < 0) {
+    if (errno == ESRCH) return NotFound("process " + std::to_string(pid) + " is gone");
+    return Internal(std::string("pidfd_open: ") + strerror(errno));
+  }
+  if (!stdout_file.empty() && !stderr_file.empty()) {
+    int out = open(stdout_file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    int err = open(stderr_file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (out >= 0 && err >= 0) {
+      SeekTo(out, stdout_offset);
+      SeekTo(err, stderr_offset);
+      p->out_fd_ = out;
+      p->err_fd_ = err;
+      p->output_in_files_ = true;
+    } else {
+      if (out >= 0) close(out);
+      if (err >= 0) close(err);
+    }
+  }
+  return p;
+}
+
 Process::~Process() {
   CloseStdout();
   CloseStderr();
   CloseStdin();
   if (pidfd_ >= 0) close(pidfd_);
+  if (adopted_) return;  // not a child: nothing to reap, and its end is the driver's decision
   if (!reaped_ && pid_ > 0) {
     kill(-pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
@@ -373,6 +426,15 @@ void Process::SignalGroup(int sig) const {
 }
 
 bool Process::TryReap(int* code) {
+  if (!reaped_ && adopted_) {
+    pollfd gone{pidfd_, POLLIN, 0};
+    if (poll(&gone, 1, 0) != 1) return false;
+    reaped_ = true;
+  }
+  if (adopted_) {
+    *code = -1;
+    return true;
+  }
   if (!reaped_) {
     int status = 0;
     pid_t r = waitpid(pid_, &status, WNOHANG);
@@ -387,6 +449,7 @@ bool Process::TryReap(int* code) {
 
 std::string Process::DescribeExit() const {
   if (!reaped_) return "still running";
+  if (adopted_) return "an end whose status is unknown (adopted: not this driver's child)";
   if (WIFEXITED(raw_status_)) return "exit status " + std::to_string(WEXITSTATUS(raw_status_));
   int sig = WTERMSIG(raw_status_);
   return "signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";

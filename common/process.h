@@ -58,6 +58,15 @@ class Process {
  public:
   // Starts the process; NOT_FOUND (exit 127 semantics) when argv[0] cannot be executed.
   static StatusOr<std::unique_ptr<Process>> Start(const LaunchSpec& spec);
+  // A process this one did not start (a worker of the driver before it, driver/journal.h):
+  // watched through a pidfd, its output followed in its files from the offsets given (what
+  // the driver before had read; past a file's end, or negative: from the end; empty paths: no
+  // output). It cannot be reaped: TryReap says it ended once it is gone, with an unknown
+  // status (code -1; DescribeExit says so). NOT_FOUND when it is gone already.
+  static StatusOr<std::unique_ptr<Process>> Adopt(pid_t pid, const std::string& stdout_file,
+                                                  const std::string& stderr_file,
+                                                  int64_t stdout_offset = -1,
+                                                  int64_t stderr_offset = -1);
   ~Process();  // closes the fds; does not kill (the driver decides)
 
   pid_t pid() const { return pid_; }
@@ -66,6 +75,9 @@ class Process {
   int pidfd() const { return pidfd_; }
   // True when stdout and stderr are files (LaunchSpec::stdout_file), not pipes.
   bool output_in_files() const { return output_in_files_; }
+  // How far this driver has read each output file (-1: not files, or unknown).
+  int64_t stdout_offset() const;
+  int64_t stderr_offset() const;
   void CloseStdout();
   void CloseStderr();
   // Closes the kept stdin (LaunchSpec::keep_stdin_open): the program sees EOF. Also done when
@@ -76,6 +88,7 @@ class Process {
   // Reaps the process if it has exited: true and its code (exit status, or 128+signal).
   bool TryReap(int* code);
   bool reaped() const { return reaped_; }
+  bool adopted() const { return adopted_; }
   // "exit status 3" or "signal 9 (Killed)".
   std::string DescribeExit() const;
 
@@ -84,6 +97,7 @@ class Process {
   int out_fd_ = -1, err_fd_ = -1, in_fd_ = -1, pidfd_ = -1;
   bool reaped_ = false;
   bool output_in_files_ = false;
+  bool adopted_ = false;
   int raw_status_ = 0;
 };
 

@@ -103,11 +103,19 @@ Status Driver::Start() {
   if (int n = RemoveStaleShmSegments(); n > 0) {
     spdlog::info("removed {} shared-memory segment(s) of workers that are gone from /dev/shm", n);
   }
-  token_ = RandomToken();
+  if (!opts_.state_dir.empty()) RETURN_IF_ERROR(OpenStateDir());
+  token_ = resume_ ? resume_->token : RandomToken();
   // Local workers write their output to files this driver follows (inotify), which outlive
   // it: a worker that rides out a lost driver (--driver-timeout) is never harmed by a pipe
-  // whose reader is gone. Under --output-dir, else a folder of this job's own.
-  if (opts_.output_dir.empty()) {
+  // whose reader is gone. Under --output-dir, else a folder of this job's own (in
+  // --state-dir, where a driver that adopts the job finds them).
+  if (opts_.output_dir.empty() && !opts_.state_dir.empty()) {
+    spool_dir_ = opts_.state_dir + "/output";
+    if (mkdir(spool_dir_.c_str(), 0700) != 0 && errno != EEXIST) {
+      return InvalidArgument("--state-dir: cannot create " + spool_dir_ + ": " + strerror(errno));
+    }
+    out_.SetSpoolDir(spool_dir_);
+  } else if (opts_.output_dir.empty()) {
     std::string jobs = DefaultJobDir();
     mkdir(jobs.c_str(), 0700);
     spool_dir_ = jobs + "/" + std::to_string(getpid()) + ".output";
@@ -142,9 +150,11 @@ Status Driver::Start() {
   // checkpoint, and the policy ends the job only when there is none (Policy::OnReport).
   co.start_over_if_state_lost = opts_.start_over_if_state_lost || !opts_.checkpoint_dir.empty();
   core_ = std::make_unique<rendezvous::Core>(co);
-  // The first host set: static, or the first discovery run (whose failure is fatal).
+  if (resume_) RETURN_IF_ERROR(core_->Restore(resume_->core));
+  // The first host set: static, or the first discovery run (whose failure is fatal). A driver
+  // that adopts a job has the host table of the one before: discovery runs on in a second.
   std::vector<HostSlots> initial = opts_.hosts;
-  if (!opts_.discovery_script.empty()) {
+  if (!opts_.discovery_script.empty() && !resume_) {
     std::vector<std::string> warnings;
     auto found = discovery::Discover(opts_.discovery_script, opts_.discovery_timeout,
                                      opts_.discovery_max_output, opts_.slots_per_host, &warnings);
@@ -170,12 +180,23 @@ Status Driver::Start() {
   } else if (inet_pton(AF_INET, host.c_str(), &numeric) == 1) {
     bind = host;
   }
-  so.address = bind + ":" + std::to_string(opts_.port);
+  if (resume_) {  // where the workers dial
+    bind = resume_->bind;
+    host = resume_->driver_addr.substr(0, resume_->driver_addr.rfind(':'));
+  }
+  bind_ = bind;
+  so.address = bind + ":" + std::to_string(resume_ ? resume_->port : opts_.port);
   so.token = token_;
   so.keepalive_time = so.keepalive_timeout = opts_.liveness_timeout / 3;
   so.status_json = [this] { return monitor_.StatusJson(); };
   auto server = rendezvous::Server::Start(core_.get(), so);
   if (!server.ok()) {
+    if (resume_) {
+      return server.status().WithContext(
+          "cannot listen again on " + so.address +
+          ", where the journal's workers dial (is "
+          "another process on the port?); pass --fresh to start the job afresh");
+    }
     if (opts_.port != 0) {  // the user's choice: a bad argument
       return InvalidArgument("--port " + std::to_string(opts_.port) + ": " +
                              server.status().message());
@@ -202,9 +223,201 @@ Status Driver::Start() {
     metrics_ = std::move(metrics).value();
     spdlog::info("metrics on http://{}:{}/metrics", host, metrics_->port());
   }
-  policy_.Start(initial);
+  if (resume_) {
+    Adopt();
+  } else {
+    policy_->Start(initial);
+  }
   if (!opts_.discovery_script.empty()) discovery_ = std::thread([this] { DiscoveryLoop(); });
   return Status::Ok();
+}
+
+Status Driver::OpenStateDir() {
+  auto lock = LockStateDir(opts_.state_dir);
+  if (!lock.ok()) return lock.status().WithContext("--state-dir");
+  state_lock_fd_ = *lock;
+  auto journal = ReadJournal(opts_.state_dir);
+  if (!journal.ok() && journal.status().code() == Code::kNotFound) return Status::Ok();
+  if (!journal.ok()) {
+    if (!opts_.fresh) {
+      return journal.status().WithContext(
+          "--state-dir: the journal cannot be read; pass --fresh to start the job afresh "
+          "(its workers, if any still run, then exit by --driver-timeout)");
+    }
+    spdlog::warn("--fresh: not reading the damaged journal ({})", journal.status().message());
+    RemoveJournal(opts_.state_dir);
+    return Status::Ok();
+  }
+  std::vector<std::string> running;
+  for (const auto& [slot, w] : journal->workers) {
+    if (StillRunning(w)) running.push_back(slot);
+  }
+  if (opts_.fresh) {
+    for (const auto& slot : running) {
+      const JournalWorker& w = journal->workers.at(slot);
+      kill(-w.pid, SIGKILL);
+    }
+    spdlog::warn("--fresh: not resuming the job in {}{}; starting afresh", opts_.state_dir,
+                 running.empty() ? ""
+                                 : fmt::format(" (its {} worker(s) still running were killed: "
+                                               "{})",
+                                               running.size(), fmt::join(running, " ")));
+    RemoveJournal(opts_.state_dir);
+    return Status::Ok();
+  }
+  if (journal->argv != opts_.argv) {
+    return InvalidArgument(fmt::format(
+        "--state-dir {} holds the journal of another command line (`{}`); run that one to "
+        "resume its job, pass --fresh to start this one there, or use another folder",
+        opts_.state_dir, fmt::join(journal->argv, " ")));
+  }
+  double ago =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() -
+      journal->written_at;
+  if (running.empty()) {
+    spdlog::warn(
+        "the journal in {} is of a job whose workers are all gone (its driver died {:.0f} s "
+        "ago; workers wait --driver-timeout for it); starting the job afresh from round 0{}",
+        opts_.state_dir, ago,
+        opts_.checkpoint_dir.empty() ? ""
+                                     : ", from the newest checkpoint in " + opts_.checkpoint_dir);
+    log_.Write("driver_resumed", {{"resumed", false},
+                                  {"outage_seconds", ago},
+                                  {"reason", "every worker of the journal is gone"}});
+    RemoveJournal(opts_.state_dir);
+    return Status::Ok();
+  }
+  outage_seconds_ = std::max(0.0, ago);
+  resume_ = std::move(journal).value();
+  return Status::Ok();
+}
+
+void Driver::Adopt() {
+  restarts_ = resume_->restarts + 1;
+  auto state = LoadPolicyState(resume_->policy, SteadyClock::now());
+  auto restored = state.ok()
+                      ? Policy::Restore(PolicyOptions{opts_, RealClock(),
+                                                      static_cast<uint64_t>(getpid()), IsLocalHost},
+                                        std::move(state).value())
+                      : StatusOr<std::unique_ptr<Policy>>(state.status());
+  if (!restored.ok()) {
+    policy_->Terminate(1, "the journal's policy state: " + restored.status().message());
+    return;
+  }
+  policy_ = std::move(restored).value();
+  for (const auto& [slot, jw] : resume_->workers) {
+    if (!StillRunning(jw)) {
+      lost_at_resume_.push_back(slot);
+      continue;
+    }
+    auto proc =
+        Process::Adopt(jw.pid, jw.stdout_file, jw.stderr_file, jw.stdout_offset, jw.stderr_offset);
+    if (!proc.ok()) {
+      lost_at_resume_.push_back(slot);
+      continue;
+    }
+    Worker& w = workers_[slot];
+    w.slot = slot;
+    w.host = jw.host;
+    w.local = jw.local;
+    w.start_ticks = jw.start_ticks;
+    w.proc = std::move(proc).value();
+    if (w.proc->output_in_files() && inotify_fd_ >= 0) {
+      for (const std::string& path : {jw.stdout_file, jw.stderr_file}) {
+        inotify_add_watch(inotify_fd_, path.c_str(), IN_MODIFY);
+      }
+    }
+    adopted_.push_back(slot);
+    reattach_pending_.insert(slot);
+  }
+  resumed_at_ = SteadyClock::now();
+  reattach_deadline_ = resumed_at_ + opts_.rendezvous_timeout;
+  monitor_.SetDriverRestarts(restarts_);
+  spdlog::warn(
+      "resuming the job in {} (its driver died {:.1f} s ago; this is restart {}): adopted {} "
+      "running worker(s) [{}]{}; round {} goes on once they re-attach",
+      opts_.state_dir, outage_seconds_, restarts_, adopted_.size(), fmt::join(adopted_, " "),
+      lost_at_resume_.empty()
+          ? ""
+          : fmt::format(", {} ended while no driver ran [{}]", lost_at_resume_.size(),
+                        fmt::join(lost_at_resume_, " ")),
+      resume_->core.formed_round);
+  policy_->OnResumed(adopted_);
+  CheckReattached(false);
+}
+
+void Driver::CheckReattached(bool time_up) {
+  if (!resume_ || resumed_at_ == TimePoint{}) return;
+  if (!reattach_pending_.empty() && !time_up) return;
+  std::vector<std::string> back;
+  for (const auto& slot : adopted_) {
+    if (!reattach_pending_.count(slot) &&
+        std::find(lost_at_resume_.begin(), lost_at_resume_.end(), slot) ==
+            lost_at_resume_.end()) {
+      back.push_back(slot);
+    }
+  }
+  std::vector<std::string> lost = lost_at_resume_;
+  lost.insert(lost.end(), reattach_pending_.begin(), reattach_pending_.end());
+  double took = std::chrono::duration<double>(SteadyClock::now() - resumed_at_).count();
+  spdlog::info("{} worker(s) re-attached in {:.2f} s{}", back.size(), took,
+               lost.empty() ? "" : fmt::format("; lost: [{}]", fmt::join(lost, " ")));
+  JsonFields fields = {{"resumed", true},          {"outage_seconds", outage_seconds_},
+                       {"reattached", back},       {"lost", lost},
+                       {"reattach_seconds", took}, {"round", resume_->core.formed_round},
+                       {"restarts", restarts_}};
+  log_.Write("driver_resumed", fields);
+  monitor_.OnEvent("driver_resumed", fields);
+  resumed_at_ = TimePoint{};
+  reattach_pending_.clear();
+  reattach_deadline_ = TimePoint::max();
+}
+
+void Driver::MaybeWriteJournal() {
+  if (opts_.state_dir.empty() || state_lock_fd_ < 0) return;
+  TimePoint now = SteadyClock::now();
+  if (!journal_due_ && !(journal_touched_ && now - journal_written_ >= std::chrono::seconds(1))) {
+    return;
+  }
+  journal_due_ = journal_touched_ = false;
+  journal_written_ = now;
+  Journal j;
+  j.argv = opts_.argv;
+  j.bind = bind_;
+  j.driver_addr = driver_addr_;
+  j.port = server_ ? server_->port() : 0;
+  j.token = token_;
+  j.restarts = restarts_;
+  j.written_at =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  j.core = core_->Snapshot();
+  j.policy = SavePolicyState(policy_->state(), now);
+  for (auto& [slot, w] : workers_) {
+    if (!w.proc || w.proc->reaped()) continue;
+    if (w.start_ticks == 0) w.start_ticks = ProcessStartTicks(w.proc->pid());
+    JournalWorker jw;
+    jw.pid = w.proc->pid();
+    jw.start_ticks = w.start_ticks;
+    jw.local = w.local;
+    jw.host = w.host;
+    if (w.proc->output_in_files()) {
+      jw.stdout_file = out_.WorkerFile(slot, 1);
+      jw.stderr_file = out_.WorkerFile(slot, 2);
+      // What was shown: a line read without its end yet is read again by the next driver.
+      auto shown = [&](int64_t read, int stream) {
+        return read < 0 ? read : read - static_cast<int64_t>(out_.Pending(slot, stream));
+      };
+      jw.stdout_offset = shown(w.proc->stdout_offset(), 1);
+      jw.stderr_offset = shown(w.proc->stderr_offset(), 2);
+    }
+    j.workers[slot] = jw;
+  }
+  Status wrote = WriteJournal(opts_.state_dir, j);
+  if (!wrote.ok() && wrote.message() != journal_error_) {
+    spdlog::warn("{}; a driver started again on --state-dir would resume an older decision",
+                 wrote.message());
+  }
+  journal_error_ = wrote.ok() ? "" : wrote.message();
 }
 
 void Driver::DiscoveryLoop() {
@@ -291,10 +504,11 @@ void Driver::Launch(Worker& w, bool spare) {
   }
   auto proc = Process::Start(spec);
   if (!proc.ok()) {
-    policy_.OnLaunchFailed(w.slot, proc.status());
+    policy_->OnLaunchFailed(w.slot, proc.status());
     return;
   }
   w.proc = std::move(proc).value();
+  w.start_ticks = ProcessStartTicks(w.proc->pid());
   if (w.proc->output_in_files()) {
     // Watched by inode: a later launch of the slot appends to the same files (same watch).
     for (const std::string& path : {spec.stdout_file, spec.stderr_file}) {
@@ -305,7 +519,7 @@ void Driver::Launch(Worker& w, bool spare) {
     }
   }
   spdlog::debug("started slot {} as pid {}", w.slot, w.proc->pid());
-  policy_.OnLaunched(w.slot, w.proc->pid());
+  policy_->OnLaunched(w.slot, w.proc->pid());
 }
 
 namespace {
@@ -374,7 +588,7 @@ std::string RunStackDump(pid_t pid, int signal, const std::atomic<bool>& stop) {
 }  // namespace
 
 void Driver::DumpStacks(Worker& w, int signal) {
-  std::string label = policy_.Label(w.slot);
+  std::string label = policy_->Label(w.slot);
   auto say = [&](const std::string& line) {
     std::string text = "[elastic-run] " + line + "\n";
     out_.Feed(w.slot, 2, text.data(), text.size(), label);
@@ -411,7 +625,7 @@ void Driver::StacksDumped(const std::string& slot, const std::string& text) {
   dumps_.erase(it);
   auto w = workers_.find(slot);
   if (w == workers_.end()) return;
-  out_.Feed(slot, 2, text.data(), text.size(), policy_.Label(slot));
+  out_.Feed(slot, 2, text.data(), text.size(), policy_->Label(slot));
   if (held != 0 && w->second.proc && !w->second.proc->reaped()) {
     w->second.proc->SignalGroup(held);
   }
@@ -426,14 +640,15 @@ void Driver::StopDumps() {
 }
 
 void Driver::Perform() {
-  for (std::vector<Action> actions; !(actions = policy_.TakeActions()).empty();) {
+  for (std::vector<Action> actions; !(actions = policy_->TakeActions()).empty();) {
+    journal_due_ = true;
     for (Action& a : actions) {
       switch (a.kind) {
         case Action::kProposeRound: {
           Status s = core_->ProposeRound(a.round, std::move(a.assignments), a.removed);
           if (!s.ok()) {
-            policy_.Terminate(1, "internal error proposing round " + std::to_string(a.round) +
-                                     ": " + s.ToString());
+            policy_->Terminate(1, "internal error proposing round " + std::to_string(a.round) +
+                                      ": " + s.ToString());
           }
           break;
         }
@@ -461,7 +676,7 @@ void Driver::Perform() {
           if (it == workers_.end() || !it->second.proc || it->second.proc->reaped()) break;
           auto dump = dumps_.find(a.slot);
           if (dump != dumps_.end()) {
-            if (a.signal == SIGKILL && !policy_.shutting_down()) {
+            if (a.signal == SIGKILL && !policy_->shutting_down()) {
               // Its stacks are being dumped: it goes once the dump is done (StacksDumped).
               dump->second->held_signal = SIGKILL;
               break;
@@ -469,7 +684,7 @@ void Driver::Perform() {
             dump->second->stop = true;  // the job is ending: no dump holds it up
           }
           it->second.proc->SignalGroup(a.signal);
-          if (a.signal == SIGKILL && policy_.shutting_down()) {
+          if (a.signal == SIGKILL && policy_->shutting_down()) {
             // A worker that ignores its closed pipes still goes: stop waiting for its output.
             it->second.proc->CloseStdout();
             it->second.proc->CloseStderr();
@@ -502,13 +717,15 @@ void Driver::Loop() {
   std::vector<char> buf(65536);
   while (true) {
     Perform();
-    monitor_.Update(policy_.View());
+    MaybeWriteJournal();
+    if (SteadyClock::now() >= reattach_deadline_) CheckReattached(true);
+    monitor_.Update(policy_->View());
     // Done when shutting down and every process is reaped.
     bool any_running = false;
     for (auto& [slot, w] : workers_) {
       if (w.proc && !w.proc->reaped()) any_running = true;
     }
-    if (policy_.shutting_down() && !any_running) return;
+    if (policy_->shutting_down() && !any_running) return;
 
     std::vector<pollfd> fds = {{signal_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     struct Ref {
@@ -537,19 +754,19 @@ void Driver::Loop() {
       refs.push_back({&w, 3});
     }
     TimePoint now = SteadyClock::now();
-    TimePoint next = std::min(policy_.NextDeadline(), now + std::chrono::seconds(1));
+    TimePoint next = std::min(policy_->NextDeadline(), now + std::chrono::seconds(1));
     int timeout_ms = static_cast<int>(std::max<int64_t>(
         0, std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1));
     int n = poll(fds.data(), fds.size(), timeout_ms);
     if (n < 0 && errno != EINTR) {
-      policy_.Terminate(1, std::string("poll failed: ") + strerror(errno));
+      policy_->Terminate(1, std::string("poll failed: ") + strerror(errno));
       continue;
     }
     if (fds[0].revents & POLLIN) {
       signalfd_siginfo si;
       if (read(signal_fd_, &si, sizeof si) == sizeof si) {
         int sig = static_cast<int>(si.ssi_signo);
-        policy_.OnSignal(sig, strsignal(sig));
+        policy_->OnSignal(sig, strsignal(sig));
         Perform();
       }
     }
@@ -566,6 +783,7 @@ void Driver::Loop() {
         HandlePosted(p);
         Perform();
       }
+      journal_touched_ |= !batch.empty();
     }
     if (inotify_fd_ >= 0) {
       if (fds[2].revents & POLLIN) {
@@ -581,10 +799,20 @@ void Driver::Loop() {
       Worker& w = *refs[i].w;
       if (!w.proc) continue;
       // Each line carries the rank of the round the worker is in.
-      std::string label = policy_.Label(w.slot);
+      std::string label = policy_->Label(w.slot);
       if (refs[i].what == 3) {
         int code = 0;
         if (!w.proc->TryReap(&code)) continue;
+        // An adopted process is not this driver's child: how it ended is what its agent said
+        // (FINISHED, then exit 0), else a failure.
+        if (w.proc->adopted()) {
+          code = policy_->finished(w.slot) ? 0 : 1;
+          // Gone before it re-attached (it finished, or died, while no driver ran).
+          if (reattach_pending_.erase(w.slot) > 0 && code != 0) {
+            lost_at_resume_.push_back(w.slot);
+          }
+          CheckReattached(false);
+        }
         // A worker killed while its host's segment was still named leaves it in /dev/shm.
         if (w.local && RemoveShmSegmentsOf(w.proc->pid()) > 0) {
           spdlog::debug("removed the shared-memory segment slot {} (pid {}) left behind",
@@ -626,10 +854,10 @@ void Driver::Loop() {
       return (a.second != 0) > (b.second != 0);
     });
     for (auto& [w, code] : exits) {
-      policy_.OnExit(w->slot, code, w->proc->DescribeExit());
+      policy_->OnExit(w->slot, code, w->proc->DescribeExit());
       Perform();
     }
-    policy_.OnTimer();
+    policy_->OnTimer();
   }
 }
 
@@ -643,7 +871,7 @@ void Driver::FollowFiles(std::vector<char>& buf) {
       ssize_t got;
       // Bounded per call, so that one worker writing without pause cannot hold the loop.
       for (int i = 0; i < 16 && (got = read(fd, buf.data(), buf.size())) > 0; ++i) {
-        if (label.empty()) label = policy_.Label(w.slot);
+        if (label.empty()) label = policy_->Label(w.slot);
         out_.Feed(w.slot, stream, buf.data(), static_cast<size_t>(got), label, true);
       }
     }
@@ -653,31 +881,32 @@ void Driver::FollowFiles(std::vector<char>& buf) {
 void Driver::HandlePosted(Posted& p) {
   switch (p.kind) {
     case Posted::kRoundFormed:
-      policy_.OnRoundFormed(p.formed);
+      policy_->OnRoundFormed(p.formed);
       break;
     case Posted::kStateLost:
-      policy_.OnStateLost(p.formed);
+      policy_->OnStateLost(p.formed);
       break;
     case Posted::kJoinTimeout:
-      policy_.OnJoinTimeout(p.round, p.slots);
+      policy_->OnJoinTimeout(p.round, p.slots);
       break;
     case Posted::kMemberLeft:
-      policy_.OnMemberLeft(p.round, p.slots[0]);
+      policy_->OnMemberLeft(p.round, p.slots[0]);
       break;
     case Posted::kReport:
-      policy_.OnReport(p.report);
+      policy_->OnReport(p.report);
       break;
     case Posted::kWaitingForPlace:
-      policy_.OnWaitingForPlace(p.slots[0]);
+      policy_->OnWaitingForPlace(p.slots[0]);
       break;
     case Posted::kWatchOpened:
-      policy_.OnWatch(p.slots[0], true);
+      policy_->OnWatch(p.slots[0], true);
+      if (reattach_pending_.erase(p.slots[0]) > 0) CheckReattached(false);
       break;
     case Posted::kWatchClosed:
-      policy_.OnWatch(p.slots[0], false);
+      policy_->OnWatch(p.slots[0], false);
       break;
     case Posted::kDiscovery:
-      policy_.OnDiscovery(*p.hosts, p.warnings);
+      policy_->OnDiscovery(*p.hosts, p.warnings);
       break;
     case Posted::kStacksDumped:
       StacksDumped(p.slots[0], p.text);
@@ -695,6 +924,7 @@ int Driver::Run() {
     return s.code() == Code::kInvalidArgument ? 2 : 1;
   }
   Loop();
+  CheckReattached(true);  // the job ended before every adopted worker was back
   StopDumps();
   {
     std::lock_guard<std::mutex> g(disc_mu_);
@@ -705,16 +935,18 @@ int Driver::Run() {
   metrics_.reset();
   server_->Shutdown(std::chrono::seconds(1));
   if (!job_file_.empty()) unlink(job_file_.c_str());
-  // Every worker is reaped and its output printed: the spool goes (--output-dir stays).
+  // Every worker is reaped and its output printed: the spool goes (--output-dir stays), and
+  // the journal: the job is over, a driver started on the folder again starts a new one.
   if (!spool_dir_.empty()) RemoveSpool(spool_dir_);
-  if (policy_.exit_code() == 0) {
-    spdlog::info("elastic-run: {}", policy_.final_message());
+  if (!opts_.state_dir.empty()) RemoveJournal(opts_.state_dir);
+  if (policy_->exit_code() == 0) {
+    spdlog::info("elastic-run: {}", policy_->final_message());
   } else {
-    spdlog::error("elastic-run: {} (exit {})", policy_.final_message(), policy_.exit_code());
+    spdlog::error("elastic-run: {} (exit {})", policy_->final_message(), policy_->exit_code());
   }
   log_.Write("job_ended",
-             {{"code", int64_t{policy_.exit_code()}}, {"message", policy_.final_message()}});
-  return policy_.exit_code();
+             {{"code", int64_t{policy_->exit_code()}}, {"message", policy_->final_message()}});
+  return policy_->exit_code();
 }
 
 }  // namespace internal

@@ -80,6 +80,15 @@ struct DriverOptions {
   // the driver has been unreachable for longer. 0: workers exit within seconds of losing the
   // driver, and local ones die with it.
   Duration driver_timeout = std::chrono::seconds(120);
+  // A folder of this job's own (--state-dir): the driver keeps its journal there (what it
+  // decided, written on every decision) and its workers' output; a driver started again on it
+  // while the journal's workers still run adopts them and the job goes on (driver/journal.h).
+  // "": no journal.
+  std::string state_dir;
+  bool fresh = false;  // --fresh: never resume the journal's job; stop its workers, start anew
+  // The command line as given, kept in the journal: a driver started on the folder with
+  // another command line does not adopt its workers.
+  std::vector<std::string> argv;
 };
 
 // Runs the job to its end and returns the process exit code: 0 success; the first failing

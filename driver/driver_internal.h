@@ -19,6 +19,7 @@
 #include "common/process.h"
 #include "driver/driver.h"
 #include "driver/event_log.h"
+#include "driver/journal.h"
 #include "driver/metrics_http.h"
 #include "driver/monitor.h"
 #include "driver/output.h"
@@ -71,13 +72,15 @@ struct Worker {
   std::string slot, host;
   std::unique_ptr<Process> proc;
   bool local = true;
+  uint64_t start_ticks = 0;  // of proc (driver/journal.h): the journal names it by pid and this
 };
 
 class Driver : public rendezvous::Listener {
  public:
   explicit Driver(const DriverOptions& o)
       : opts_(o),
-        policy_(PolicyOptions{o, RealClock(), static_cast<uint64_t>(getpid()), IsLocalHost}),
+        policy_(std::make_unique<Policy>(
+            PolicyOptions{o, RealClock(), static_cast<uint64_t>(getpid()), IsLocalHost})),
         out_(stdout, o.output_dir) {}
 
   int Run();
@@ -144,6 +147,16 @@ class Driver : public rendezvous::Listener {
   // Carries out the policy's actions until it has none left (an action's result may be an
   // event that makes more).
   void Perform();
+  // --state-dir: takes the folder, and adopts the job of the journal in it when its workers
+  // still run (resume_ is set then); else starts afresh, saying why.
+  Status OpenStateDir();
+  // Adopts the journal's workers that still run and tells the policy (resume_ is set).
+  void Adopt();
+  // Writes the journal (--state-dir) when a decision was made since the last write, or
+  // something was heard and a second passed.
+  void MaybeWriteJournal();
+  // driver_resumed, once every adopted worker re-opened its Watch or the time is up.
+  void CheckReattached(bool time_up);
   void Launch(Worker& w, bool spare);
   // Starts printing the worker's stacks into its stderr lines (eu-stack or gdb; `signal`
   // first, when the worker prints its own on it) on a thread; the text comes back as a
@@ -157,7 +170,7 @@ class Driver : public rendezvous::Listener {
   void FollowFiles(std::vector<char>& buf);
 
   DriverOptions opts_;
-  Policy policy_;
+  std::unique_ptr<Policy> policy_;
   OutputMux out_;
   EventLog log_;
   std::string token_, driver_addr_;
@@ -181,6 +194,21 @@ class Driver : public rendezvous::Listener {
   Monitor monitor_;
   std::unique_ptr<MetricsServer> metrics_;
   std::string job_file_;  // written at start, removed at the end
+
+  // --state-dir (driver/journal.h).
+  int state_lock_fd_ = -1;
+  std::optional<Journal> resume_;  // the journal of the job this driver adopts
+  std::string bind_;               // where the server listens (kept in the journal)
+  int64_t restarts_ = 0;           // drivers that adopted this job before and with this one
+  bool journal_due_ = false;       // a decision since the last write
+  bool journal_touched_ = false;   // something heard since the last write
+  TimePoint journal_written_{};
+  std::string journal_error_;               // the last write's error, said once
+  std::set<std::string> reattach_pending_;  // adopted workers whose Watch is not back yet
+  std::vector<std::string> adopted_, lost_at_resume_;
+  TimePoint reattach_deadline_ = TimePoint::max();
+  TimePoint resumed_at_{};
+  double outage_seconds_ = 0;
 };
 
 }  // namespace elastic::driver::internal

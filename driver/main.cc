@@ -1,5 +1,6 @@
 // elastic-run: the command line. All CLI11 parsing lives in this one translation unit.
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -166,6 +167,15 @@ int main(int argc, char** argv) {
   app.add_option("--job-file", o.job_file,
                  "Where to write the job file `elastic-run status` reads (default: "
                  "$XDG_RUNTIME_DIR/elastic-run/<pid>.json or /tmp/elastic-run-<uid>/<pid>.json)");
+  app.add_option("--state-dir", o.state_dir,
+                 "A folder of this job's own (created 0700) where the driver keeps a journal of "
+                 "what it decided and the workers' output: started again with the same command "
+                 "line and folder (by systemd, a Kubernetes Deployment, a Slurm requeue) while "
+                 "its workers still train (--driver-timeout), elastic-run adopts them and the "
+                 "job goes on where it was; when they are all gone it starts afresh");
+  app.add_flag("--fresh", o.fresh,
+               "With --state-dir: do not resume the journal's job; its workers still running "
+               "are stopped and the job starts afresh");
   app.add_flag("--start-over-if-state-lost", o.start_over_if_state_lost,
                "When every worker holding a commit is gone, train again from the initial state "
                "instead of failing the job (exit 1)");
@@ -373,6 +383,19 @@ int main(int argc, char** argv) {
   o.hang_timeout = secs(hang_timeout);
   o.progress_interval = secs(progress_interval);
   o.driver_timeout = secs(driver_timeout);
+  if (o.fresh && o.state_dir.empty()) return fail("--fresh needs --state-dir");
+  if (app.count("--state-dir")) {
+    if (o.state_dir.empty()) return fail("--state-dir: no folder given");
+    if (mkdir(o.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      return fail("--state-dir " + o.state_dir + ": " + strerror(errno));
+    }
+    char real[PATH_MAX];
+    if (realpath(o.state_dir.c_str(), real) == nullptr) {
+      return fail("--state-dir " + o.state_dir + ": " + strerror(errno));
+    }
+    o.state_dir = real;
+  }
+  for (int i = 1; i < argc; ++i) o.argv.push_back(argv[i]);  // the journal's command line
   o.checkpoint_interval = secs(checkpoint_interval);
   if ((app.count("--checkpoint-interval") || app.count("--checkpoint-keep")) &&
       o.checkpoint_dir.empty()) {

@@ -61,6 +61,11 @@ void Monitor::OnDiscoveryRun(bool ok) {
   if (!ok) counters_["elastic_discovery_failures_total"] += 1;
 }
 
+void Monitor::SetDriverRestarts(int64_t n) {
+  std::lock_guard<std::mutex> g(mu_);
+  counters_["elastic_driver_restarts_total"] = static_cast<double>(n);
+}
+
 void Monitor::OnEvent(const std::string& name, const JsonFields& fields) {
   std::lock_guard<std::mutex> g(mu_);
   auto start = [&](const std::string& cause) {
@@ -115,6 +120,9 @@ std::string Monitor::StatusJson() const {
   j["max_np"] = view_.max_np > 0 ? json(view_.max_np) : json(nullptr);
   j["resets"] = view_.resets;
   j["failures"] = view_.failures;
+  auto restarts = counters_.find("elastic_driver_restarts_total");
+  j["driver_restarts"] =
+      restarts == counters_.end() ? int64_t{0} : static_cast<int64_t>(restarts->second);
   auto known = [](int64_t v) { return v >= 0 ? json(v) : json(nullptr); };
   json members = json::array();
   for (const auto& m : view_.members) {
@@ -212,7 +220,9 @@ std::string Monitor::Prometheus() const {
       {"elastic_hosts_blacklisted_total", "Blacklistings."},
       {"elastic_leaves_total", "Workers that left of their own accord."},
       {"elastic_discovery_runs_total", "Discovery script runs."},
-      {"elastic_discovery_failures_total", "Discovery script runs that failed."}};
+      {"elastic_discovery_failures_total", "Discovery script runs that failed."},
+      {"elastic_driver_restarts_total",
+       "Drivers that adopted this job from the journal of one that died (--state-dir)."}};
   for (const auto& [family, text] : help) {
     o << "# HELP " << family << " " << text << "\n# TYPE " << family << " counter\n";
     bool any = false;

@@ -18,6 +18,8 @@ class Monitor {
   void Update(const JobView& view);
   void OnEvent(const std::string& name, const JsonFields& fields);
   void OnDiscoveryRun(bool ok);
+  // Drivers that adopted this job from a journal, this one included (driver/journal.h).
+  void SetDriverRestarts(int64_t n);
 
   // The status document (schema in the README, "elastic-run status").
   std::string StatusJson() const;

@@ -32,6 +32,11 @@ class OutputMux {
   // The stream ended: prints what is left of a last unterminated line (`in_file` as Feed).
   void Finish(const std::string& slot, int stream, const std::string& label,
               bool in_file = false);
+  // Bytes of `slot`'s stream fed but not printed yet (a line without its end so far).
+  size_t Pending(const std::string& slot, int stream) const {
+    auto it = partial_.find({slot, stream});
+    return it == partial_.end() ? 0 : it->second.size();
+  }
 
  private:
   void Emit(const std::string& slot, int stream, const std::string& line, const std::string& label,

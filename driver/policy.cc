@@ -523,6 +523,45 @@ void Policy::CheckFinished() {
                    " finished");
 }
 
+bool Policy::finished(const std::string& slot) const {
+  auto it = s_.workers.find(slot);
+  return it != s_.workers.end() && it->second.finished;
+}
+
+void Policy::OnResumed(const std::vector<std::string>& adopted) {
+  std::set<std::string> kept(adopted.begin(), adopted.end());
+  std::vector<std::string> gone;
+  for (auto& [slot, w] : s_.workers) {
+    if (!w.running) continue;
+    if (kept.count(slot)) {
+      // Its stream went with the old driver; it re-opens it within 200 ms of this one
+      // listening, unless it is stopped, hung or cut off.
+      w.watches = 0;
+      w.stale_closes = 0;
+      if (!s_.shutting_down) w.lost_at = Now() + d_.rendezvous_timeout;
+    } else {
+      gone.push_back(slot);
+    }
+  }
+  if (s_.round > s_.formed && !s_.shutting_down && !s_.finishing) {
+    Action propose;
+    propose.kind = Action::kProposeRound;
+    propose.round = s_.round;
+    propose.assignments = rendezvous::AssignRanks(s_.members, false);
+    for (const auto& [slot, w] : s_.workers) {
+      if (w.running && w.removed && !IsMember(slot)) propose.removed.push_back(slot);
+    }
+    Log(Action::kInfo, fmt::format("round {} was proposed but not formed when the driver "
+                                   "before this one died: proposing it again",
+                                   s_.round));
+    Emit(std::move(propose));
+  }
+  for (const auto& slot : gone) {
+    OnExit(slot, s_.workers[slot].finished ? 0 : 1,
+           "ended while no driver ran (its exit status is unknown)");
+  }
+}
+
 void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
   auto it = s_.workers.find(slot);
   if (it == s_.workers.end()) return;

@@ -103,6 +103,14 @@ class Policy {
   // --- events ---
   // The first host set (static hosts or the first discovery run): proposes round 0.
   void Start(const std::vector<discovery::HostSlots>& hosts);
+  // A policy restored from the journal of a driver that died (driver/journal.h): `adopted`
+  // are the slots whose processes still run, watched by this driver now; each must open its
+  // Watch again within --rendezvous-timeout, or it is lost. Every other slot the state says
+  // runs ended while no driver ran: an exit of unknown status (0 when it had reported
+  // FINISHED). A round proposed but not formed is proposed again.
+  void OnResumed(const std::vector<std::string>& adopted);
+  // The slot's worker reported FINISHED (an adopted process's end says nothing of its status).
+  bool finished(const std::string& slot) const;
   void OnLaunched(const std::string& slot, int64_t pid);
   void OnLaunchFailed(const std::string& slot, const Status& why);
   // The slot's process exited with `code` (128+N for signal N); `how` describes it.

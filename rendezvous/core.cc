@@ -78,6 +78,33 @@ int64_t Core::formed_round() const {
   return formed_round_;
 }
 
+CoreSnapshot Core::Snapshot() const {
+  std::lock_guard<std::mutex> g(mu_);
+  CoreSnapshot s;
+  s.formed_round = formed_round_;
+  s.newest_committed = newest_committed_;
+  s.formed_members = formed_members_;
+  s.worker_ids = worker_ids_;
+  s.known_slots = known_slots_;
+  s.removed = removed_;
+  return s;
+}
+
+Status Core::Restore(const CoreSnapshot& snapshot) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (latest_proposed_ >= 0 || formed_round_ >= 0 || !joins_.empty() || !gets_.empty()) {
+    return InvalidArgument("a core in use cannot take a snapshot");
+  }
+  formed_round_ = snapshot.formed_round;
+  latest_proposed_ = snapshot.formed_round;
+  newest_committed_ = snapshot.newest_committed;
+  formed_members_ = snapshot.formed_members;
+  worker_ids_ = snapshot.worker_ids;
+  known_slots_ = snapshot.known_slots;
+  removed_ = snapshot.removed;
+  return Status::Ok();
+}
+
 size_t Core::stored_keys() const {
   std::lock_guard<std::mutex> g(mu_);
   return store_.size();

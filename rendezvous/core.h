@@ -77,6 +77,18 @@ struct CoreOptions {
   bool start_over_if_state_lost = false;
 };
 
+// What the core holds that outlives one driver process (driver/journal.h): the formed round
+// and its members, who may claim each slot, the newest version committed. A pending proposal,
+// the waiters and the round's store are not in it: a driver that adopts the job proposes
+// again, and the workers' calls come again.
+struct CoreSnapshot {
+  int64_t formed_round = -1;
+  int64_t newest_committed = 0;
+  std::map<std::string, Assignment> formed_members;
+  std::map<std::string, std::string> worker_ids;
+  std::set<std::string> known_slots, removed;
+};
+
 using WaiterId = uint64_t;
 using JoinCallback = std::function<void(StatusOr<JoinResult>)>;
 using Values = std::vector<std::shared_ptr<const std::string>>;
@@ -106,6 +118,10 @@ class Core {
   void SetWorkerId(const std::string& slot, const std::string& id);
   int64_t formed_round() const;
   EventHub& events() { return events_; }
+  CoreSnapshot Snapshot() const;
+  // Takes a snapshot of another core (the driver before this one) as this one's: its formed
+  // round goes on. Only before any proposal or worker call; INVALID_ARGUMENT after.
+  Status Restore(const CoreSnapshot& snapshot);
 
   // --- worker side ---
   // `version`: the version of the committed state the worker holds (0: none).

@@ -103,6 +103,7 @@ EVENT_SCHEMA = {
     "state_restored": {"round": INT, "slot": STR, "version": INT, "step": INT,
                        "epoch": (int, NULL), "cursor": (int, NULL), "path": STR,
                        "state_lost": BOOL, "steps_lost": INT},
+    "driver_resumed": {"resumed": BOOL, "outage_seconds": NUM},
     "newcomer_started": {"slot": STR, "reason": STR},
     "newcomer_ready": {"slot": STR, "seconds": NUM},
     "newcomer_placed": {"slot": STR, "round": INT},

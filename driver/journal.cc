@@ -1,0 +1,246 @@
+#include "driver/journal.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace elastic::driver {
+
+using json = nlohmann::json;
+
+namespace {
+
+constexpr int kFormat = 1;
+constexpr size_t kMaxJournalBytes = 64u << 20;
+
+std::string Errno(const std::string& what, const std::string& path) {
+  return what + " " + path + ": " + strerror(errno);
+}
+
+json PutAssignment(const rendezvous::Assignment& a) {
+  return {{"round", a.round},
+          {"rank", a.rank},
+          {"size", a.size},
+          {"local_rank", a.local_rank},
+          {"local_size", a.local_size},
+          {"cross_rank", a.cross_rank},
+          {"cross_size", a.cross_size},
+          {"sync_required", a.sync_required}};
+}
+
+// Reads `key` of `j` into `out`, or says which field is missing or of the wrong type.
+template <typename T>
+void Get(const json& j, const std::string& key, T* out, const std::string& path) {
+  auto it = j.find(key);
+  if (it == j.end()) throw std::runtime_error(path + "." + key + " is missing");
+  try {
+    *out = it->template get<T>();
+  } catch (const json::exception&) {
+    throw std::runtime_error(path + "." + key + " has the wrong type");
+  }
+}
+
+rendezvous::Assignment GetAssignment(const json& j, const std::string& path) {
+  rendezvous::Assignment a;
+  Get(j, "round", &a.round, path);
+  Get(j, "rank", &a.rank, path);
+  Get(j, "size", &a.size, path);
+  Get(j, "local_rank", &a.local_rank, path);
+  Get(j, "local_size", &a.local_size, path);
+  Get(j, "cross_rank", &a.cross_rank, path);
+  Get(j, "cross_size", &a.cross_size, path);
+  Get(j, "sync_required", &a.sync_required, path);
+  return a;
+}
+
+}  // namespace
+
+std::string JournalPath(const std::string& state_dir) { return state_dir + "/journal.json"; }
+
+StatusOr<int> LockStateDir(const std::string& dir) {
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return InvalidArgument(Errno("cannot create the state folder", dir));
+  }
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return InvalidArgument(dir + " is not a folder");
+  }
+  chmod(dir.c_str(), 0700);  // it holds the job token
+  std::string path = dir + "/LOCK";
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return InvalidArgument(Errno("cannot open", path));
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char buf[64] = {0};
+    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    close(fd);
+    std::string who = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+    return FailedPrecondition("the state folder " + dir + " is held by a running driver" +
+                              (who.empty() ? "" : " (elastic-run pid " + who + ")") +
+                              "; a job has one driver at a time");
+  }
+  std::string pid = std::to_string(getpid()) + "\n";
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+    // The lock holds without the pid in it; only the message to a second driver is poorer.
+  }
+  return fd;
+}
+
+Status WriteJournal(const std::string& dir, const Journal& j) {
+  json core = {{"formed_round", j.core.formed_round},
+               {"newest_committed", j.core.newest_committed},
+               {"worker_ids", j.core.worker_ids},
+               {"known_slots", j.core.known_slots},
+               {"removed", j.core.removed}};
+  json members = json::object();
+  for (const auto& [slot, a] : j.core.formed_members) members[slot] = PutAssignment(a);
+  core["formed_members"] = members;
+  json workers = json::object();
+  for (const auto& [slot, w] : j.workers) {
+    workers[slot] = {{"pid", w.pid},
+                     {"start_ticks", w.start_ticks},
+                     {"local", w.local},
+                     {"host", w.host},
+                     {"stdout_file", w.stdout_file},
+                     {"stderr_file", w.stderr_file},
+                     {"stdout_offset", w.stdout_offset},
+                     {"stderr_offset", w.stderr_offset}};
+  }
+  json doc = {{"format", kFormat},      {"argv", j.argv},
+              {"bind", j.bind},         {"driver_addr", j.driver_addr},
+              {"port", j.port},         {"token", j.token},
+              {"restarts", j.restarts}, {"written_at", j.written_at},
+              {"core", core},           {"policy", json::parse(j.policy)},
+              {"workers", workers}};
+  std::string text = doc.dump();
+  std::string path = JournalPath(dir), tmp = path + ".tmp";
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return Internal(Errno("cannot write the journal", tmp));
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      std::string why = Errno("cannot write the journal", tmp);
+      close(fd);
+      unlink(tmp.c_str());
+      return Internal(why);
+    }
+    done += static_cast<size_t>(n);
+  }
+  close(fd);
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    std::string why = Errno("cannot rename the journal to", path);
+    unlink(tmp.c_str());
+    return Internal(why);
+  }
+  return Status::Ok();
+}
+
+StatusOr<Journal> ReadJournal(const std::string& dir) {
+  std::string path = JournalPath(dir);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    if (errno == ENOENT) return NotFound("no journal in " + dir);
+    return InvalidArgument(Errno("cannot read", path));
+  }
+  std::stringstream buf;
+  buf << in.rdbuf();
+  std::string text = buf.str();
+  if (text.size() > kMaxJournalBytes) {
+    return InvalidArgument(path + " is over " + std::to_string(kMaxJournalBytes >> 20) +
+                           " MiB: not a journal this driver wrote");
+  }
+  Journal j;
+  try {
+    json doc = json::parse(text);
+    if (!doc.is_object()) throw std::runtime_error("the journal is not a JSON object");
+    int format = 0;
+    Get(doc, "format", &format, "journal");
+    if (format != kFormat) {
+      throw std::runtime_error("journal.format is " + std::to_string(format) +
+                               ", this driver "
+                               "reads " +
+                               std::to_string(kFormat));
+    }
+    Get(doc, "argv", &j.argv, "journal");
+    Get(doc, "bind", &j.bind, "journal");
+    Get(doc, "driver_addr", &j.driver_addr, "journal");
+    Get(doc, "port", &j.port, "journal");
+    if (j.port <= 0 || j.port > 65535) throw std::runtime_error("journal.port is out of range");
+    Get(doc, "token", &j.token, "journal");
+    Get(doc, "restarts", &j.restarts, "journal");
+    Get(doc, "written_at", &j.written_at, "journal");
+    json core;
+    Get(doc, "core", &core, "journal");
+    Get(core, "formed_round", &j.core.formed_round, "journal.core");
+    Get(core, "newest_committed", &j.core.newest_committed, "journal.core");
+    Get(core, "worker_ids", &j.core.worker_ids, "journal.core");
+    Get(core, "known_slots", &j.core.known_slots, "journal.core");
+    Get(core, "removed", &j.core.removed, "journal.core");
+    json members;
+    Get(core, "formed_members", &members, "journal.core");
+    if (!members.is_object()) throw std::runtime_error("journal.core.formed_members is no map");
+    for (const auto& [slot, a] : members.items()) {
+      j.core.formed_members[slot] = GetAssignment(a, "journal.core.formed_members." + slot);
+    }
+    json policy;
+    Get(doc, "policy", &policy, "journal");
+    j.policy = policy.dump();
+    json workers;
+    Get(doc, "workers", &workers, "journal");
+    if (!workers.is_object()) throw std::runtime_error("journal.workers is no map");
+    for (const auto& [slot, w] : workers.items()) {
+      std::string at = "journal.workers." + slot;
+      JournalWorker& out = j.workers[slot];
+      Get(w, "pid", &out.pid, at);
+      if (out.pid <= 1) throw std::runtime_error(at + ".pid is out of range");
+      Get(w, "start_ticks", &out.start_ticks, at);
+      Get(w, "local", &out.local, at);
+      Get(w, "host", &out.host, at);
+      Get(w, "stdout_file", &out.stdout_file, at);
+      Get(w, "stderr_file", &out.stderr_file, at);
+      Get(w, "stdout_offset", &out.stdout_offset, at);
+      Get(w, "stderr_offset", &out.stderr_offset, at);
+    }
+  } catch (const std::exception& e) {
+    return InvalidArgument(path + ": " + e.what());
+  }
+  return j;
+}
+
+void RemoveJournal(const std::string& dir) {
+  unlink(JournalPath(dir).c_str());
+  unlink((JournalPath(dir) + ".tmp").c_str());
+}
+
+uint64_t ProcessStartTicks(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return 0;
+  // The command (field 2) is in parentheses and may hold spaces: count from the last ')'.
+  size_t close = line.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(line.substr(close + 1));
+  std::string field;
+  char state = 0;
+  rest >> state;                               // field 3
+  if (state == 'Z' || state == 'X') return 0;  // gone, not yet reaped
+  for (int i = 4; i <= 22; ++i) {
+    if (!(rest >> field)) return 0;
+  }
+  return std::strtoull(field.c_str(), nullptr, 10);
+}
+
+bool StillRunning(const JournalWorker& w) {
+  return w.pid > 1 && w.start_ticks != 0 && ProcessStartTicks(w.pid) == w.start_ticks;
+}
+
+}  // namespace elastic::driver
