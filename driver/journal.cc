@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/folder_lock.h"
+
 namespace elastic::driver {
 
 using json = nlohmann::json;
@@ -65,31 +67,13 @@ rendezvous::Assignment GetAssignment(const json& j, const std::string& path) {
 std::string JournalPath(const std::string& state_dir) { return state_dir + "/journal.json"; }
 
 StatusOr<int> LockStateDir(const std::string& dir) {
-  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return InvalidArgument(Errno("cannot create the state folder", dir));
-  }
   struct stat st;
-  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+  if (stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
     return InvalidArgument(dir + " is not a folder");
   }
+  ASSIGN_OR_RETURN(int fd, LockFolder(dir, "state folder", "is held by a running driver",
+                                      "a job has one driver at a time"));
   chmod(dir.c_str(), 0700);  // it holds the job token
-  std::string path = dir + "/LOCK";
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) return InvalidArgument(Errno("cannot open", path));
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    char buf[64] = {0};
-    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
-    close(fd);
-    std::string who = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
-    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
-    return FailedPrecondition("the state folder " + dir + " is held by a running driver" +
-                              (who.empty() ? "" : " (elastic-run pid " + who + ")") +
-                              "; a job has one driver at a time");
-  }
-  std::string pid = std::to_string(getpid()) + "\n";
-  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
-    // The lock holds without the pid in it; only the message to a second driver is poorer.
-  }
   return fd;
 }
 

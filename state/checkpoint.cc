@@ -15,6 +15,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "common/folder_lock.h"
+
 namespace elastic {
 namespace {
 
@@ -326,27 +328,8 @@ void RemoveUnfinishedCheckpoints(const std::string& dir) {
 }
 
 StatusOr<int> LockCheckpointDir(const std::string& dir) {
-  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return Internal(Errno("cannot create the checkpoint folder", dir));
-  }
-  std::string path = dir + "/LOCK";
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) return Internal(Errno("cannot open", path));
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    char buf[64] = {0};
-    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
-    close(fd);
-    std::string who = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
-    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
-    return FailedPrecondition("the checkpoint folder " + dir + " is in use by another job" +
-                              (who.empty() ? "" : " (elastic-run pid " + who + ")") +
-                              "; give each job its own --checkpoint-dir");
-  }
-  std::string pid = std::to_string(getpid()) + "\n";
-  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
-    // The lock holds without the pid in it; only the message to a second job is poorer.
-  }
-  return fd;
+  return LockFolder(dir, "checkpoint folder", "is in use by another job",
+                    "give each job its own --checkpoint-dir");
 }
 
 Checkpointer::Checkpointer(Options options, Done done)
