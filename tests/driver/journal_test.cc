@@ -145,7 +145,7 @@ TEST_CASE("journal: a damaged journal is refused naming what is wrong", "[journa
   close(*lock);
 }
 
-TEST_CASE("journal: one driver holds the folder; its death releases it", "[journal]") {
+TEST_CASE("journal: one driver holds the folder, and its death releases it", "[journal]") {
   TempDir tmp;
   const std::string& dir = tmp.state;
   int ready[2];

@@ -1469,3 +1469,71 @@ TEST_CASE(
 
 }  // namespace
 }  // namespace elastic::driver
+
+namespace elastic::driver {
+namespace {
+
+// The policy of a driver that adopts `dead`'s job: `dead`'s state, on the new job's own
+// clock, set to the dead one's time.
+void Adopt(const Job& dead, const DriverOptions& d, Job* into) {
+  into->clock.Advance(dead.clock.Now() - into->clock.Now());
+  PolicyOptions o;
+  o.driver = d;
+  o.clock = &into->clock;
+  o.seed = 8;
+  auto resumed = Policy::Restore(o, dead.policy->state());
+  REQUIRE(resumed.ok());
+  into->policy = std::move(resumed).value();
+}
+
+// A driver that adopts the job (driver/journal.h) goes on from the dead one's policy state:
+// the adopted members keep their round, one gone while no driver ran is a failure at once,
+// and one that never re-opens its stream is lost after the rendezvous timeout.
+TEST_CASE("policy: a resumed policy keeps the adopted round, loses the gone and the silent",
+          "[policy]") {
+  DriverOptions d = Static({{"localhost", 3}}, 3, 1);
+  d.rendezvous_timeout = seconds(5);
+  Job dead(d);
+  dead.StartFormed({{"localhost", 3}}, {"localhost:0", "localhost:1", "localhost:2"});
+  dead.Take();
+  dead.Commit("localhost:0", 0, 4);
+  dead.Take();
+  Job j(d);
+  Adopt(dead, d, &j);
+  j.policy->OnResumed({"localhost:0", "localhost:1"});  // localhost:2 ended meanwhile
+  auto acts = j.Take();
+  auto proposed = Of(acts, Action::kProposeRound);
+  REQUIRE(proposed.size() == 1);  // the peers of the gone one re-form
+  CHECK(proposed[0]->round == 1);
+  // localhost:0 re-attaches, localhost:1 never does.
+  j.policy->OnWatch("localhost:0", true);
+  j.Advance(seconds(4));
+  CHECK(Of(j.Take(), Action::kSignal).empty());
+  j.Advance(seconds(2));
+  auto later = j.Take();
+  auto killed = Of(later, Action::kSignal);
+  REQUIRE(killed.size() == 1);
+  CHECK(killed[0]->slot == "localhost:1");
+  CHECK(killed[0]->signal == SIGKILL);
+}
+
+TEST_CASE("policy: a round proposed but not formed when the driver died is proposed again",
+          "[policy]") {
+  DriverOptions d = Static({{"localhost", 3}}, 3, 1);
+  Job dead(d);
+  dead.StartFormed({{"localhost", 3}}, {"localhost:0", "localhost:1", "localhost:2"});
+  dead.Take();
+  dead.policy->OnExit("localhost:2", 1, "exit status 1");
+  auto first = Of(dead.Take(), Action::kProposeRound);
+  REQUIRE(first.size() == 1);
+  int64_t round = first[0]->round;
+  Job j(d);
+  Adopt(dead, d, &j);
+  j.policy->OnResumed({"localhost:0", "localhost:1", "localhost:2"});
+  auto again = Of(j.policy->TakeActions(), Action::kProposeRound);
+  REQUIRE(again.size() == 1);
+  CHECK(again[0]->round == round);
+}
+
+}  // namespace
+}  // namespace elastic::driver

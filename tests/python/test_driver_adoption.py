@@ -47,6 +47,24 @@ def end(marker, *jobs):
     assert not wait_no_marker(marker, timeout=15)
 
 
+def outage(marker, args, n, slot=None, sig=None):
+    """A first driver of n workers, SIGKILLed once epoch 1 is done; then `sig` to the worker
+    of `slot`, while no driver runs. Returns (the first Job, the workers' pids then)."""
+    first = Job(args, env=marked_env(marker))
+    try:
+        first.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
+        pids = wait_workers(marker, n)
+        kill_driver(first)
+        if slot:
+            victim = workers(marker, slot)
+            assert len(victim) == 1, victim
+            os.kill(victim[0], sig)
+    except BaseException:
+        end(marker, first)
+        raise
+    return first, pids
+
+
 def events(path):
     with open(path) as f:
         return [json.loads(l) for l in f if l.strip()]
@@ -115,15 +133,9 @@ def test_a_worker_that_died_during_the_outage_is_lost_and_the_job_goes_on(
     marker = f"adopt-lost-{os.getpid()}"
     state, book, log = tmp_path / "state", str(tmp_path / "ledger"), tmp_path / "events.jsonl"
     args = command(elastic_run, example, state, book, log, np=3)
-    first = Job(args, env=marked_env(marker))
+    first, _ = outage(marker, args, 3, "localhost:2", signal.SIGKILL)
     second = None
     try:
-        first.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
-        wait_workers(marker, 3)
-        kill_driver(first)
-        victim = workers(marker, "localhost:2")
-        assert len(victim) == 1, victim
-        os.kill(victim[0], signal.SIGKILL)
         time.sleep(0.5)
         second = Job(args, env=marked_env(marker))
         second.wait_for(r"adopted 2 running worker.*1 ended while no driver ran \[localhost:2\]",
@@ -144,12 +156,9 @@ def test_a_journal_whose_workers_are_all_gone_starts_the_job_afresh(
     state, book, log = tmp_path / "state", str(tmp_path / "ledger"), tmp_path / "events.jsonl"
     args = command(elastic_run, example, state, book, log)
     args[args.index("--driver-timeout") + 1] = "1"
-    first = Job(args, env=marked_env(marker))
+    first, _ = outage(marker, args, 2)
     second = None
     try:
-        first.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
-        wait_workers(marker, 2)
-        kill_driver(first)
         assert not wait_no_marker(marker, timeout=15)  # they gave up on the driver
         second = Job(args, env=marked_env(marker))
         assert second.wait(timeout=120) == 0, second.text()
@@ -166,12 +175,9 @@ def test_fresh_kills_the_journals_workers_and_starts_over(elastic_run, example,
     marker = f"adopt-fresh-{os.getpid()}"
     state, book, log = tmp_path / "state", str(tmp_path / "ledger"), tmp_path / "events.jsonl"
     args = command(elastic_run, example, state, book, log)
-    first = Job(args, env=marked_env(marker))
+    first, old = outage(marker, args, 2)
     second = None
     try:
-        first.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
-        old = wait_workers(marker, 2)
-        kill_driver(first)
         second = Job(args[:1] + ["--fresh"] + args[1:], env=marked_env(marker))
         second.wait_for(r"--fresh: not resuming the job", timeout=30)
         assert second.wait(timeout=120) == 0, second.text()
@@ -211,15 +217,10 @@ def test_a_worker_that_does_not_reattach_is_lost_at_the_rendezvous_timeout(
     state, book, log = tmp_path / "state", str(tmp_path / "ledger"), tmp_path / "events.jsonl"
     args = command(elastic_run, example, state, book, log, np=3,
                    extra=["--rendezvous-timeout", "3"])
-    first = Job(args, env=marked_env(marker))
+    first, _ = outage(marker, args, 3, "localhost:1", signal.SIGSTOP)
+    victim = workers(marker, "localhost:1")
     second = None
     try:
-        first.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
-        wait_workers(marker, 3)
-        kill_driver(first)
-        victim = workers(marker, "localhost:1")
-        assert len(victim) == 1, victim
-        os.kill(victim[0], signal.SIGSTOP)
         second = Job(args, env=marked_env(marker))
         second.wait_for(r"adopted 3 running worker", timeout=30)
         second.wait_for(r"2 worker\(s\) re-attached in .*; lost: \[localhost:1\]", timeout=30)
