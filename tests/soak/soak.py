@@ -36,6 +36,10 @@ these join the mix:
                 then the same command started again: it resumes from the newest checkpoint
   kill-all      SIGKILL of every member at once: the state is lost, and the job goes on from
                 the newest checkpoint
+With --hosts local, every job keeps a --state-dir and one more fault joins:
+  driver-kill   SIGKILL of the driver alone; 0.2-3 s later the same command again, which must
+                adopt the running workers (no worker lost, none started again: the in-place
+                check below), the round going on without a rollback
 
 After each job it checks, with oracles that do not ask the product: exit 0; every sample index
 of every epoch consumed by exactly one committed step (the workers' ledgers); no round resuming
@@ -88,6 +92,8 @@ WEIGHTS = {"kill": 24, "kill-on-form": 12, "add": 14, "remove": 12, "disc-fail":
 OVERLAP_WEIGHTS = {"kill-many": 10, "stop-cont": 10, "spare-kill": 6, "spare-stop": 4,
                    "newcomer-kill": 6}
 CHECKPOINT_WEIGHTS = {"job-kill": 5, "kill-all": 5}
+# Local hosts only: remote workers do not ride out a lost driver (docs/recovery.md).
+DRIVER_WEIGHTS = {"driver-kill": 6}
 RESTARTS = {"job-kill", "kill-all"}  # the state is lost on purpose; a checkpoint takes over
 MAX_RESTARTS = 2  # of each kind per job: each costs a restart's time
 # Faults that take workers away (or may: a host fault can make its workers lost).
@@ -96,7 +102,7 @@ DESTRUCTIVE = {"kill", "kill-on-form", "leave", "stop", "kill-many", "stop-cont"
 # Without --overlap, these wait for a commit in a round newer than the last one's: they
 # certainly take workers away, so the job must have recovered first.
 GATED = {"kill", "kill-on-form", "leave", "stop", "kill-many", "host-kill", "job-kill",
-         "kill-all"}
+         "kill-all", "driver-kill"}
 HOST_FAULTS = {"host-kill", "link-flap", "loss", "cap", "partition"}
 LIVENESS = 4  # --liveness-timeout of the soak's jobs
 RENDEZVOUS = 30  # --rendezvous-timeout
@@ -106,7 +112,10 @@ RENDEZVOUS = 30  # --rendezvous-timeout
 STALL = {"crash": 10.0, "silent": LIVENESS + 12.0, "network": RENDEZVOUS - 2.0,
          # A restart: the killed job's processes found gone, a new driver, the workers'
          # start (and torch's import), the rendezvous and the checkpoint's load.
-         "restart": 20.0}
+         "restart": 20.0,
+         # The driver killed and started again: the workers train on meanwhile, but a
+         # membership change under way waits for the new driver and the re-attach.
+         "driver": 12.0}
 # Link, loss, cap and partition faults leave every process alive and its driver connection
 # up: no failure is seen, and the stall after one is TCP's (the Gloo pairs' retransmissions
 # back off exponentially while the link is out: 24 s after a partition was measured). Their
@@ -165,6 +174,7 @@ class JobRun:
         self.faults = []
         self.hit = set()  # pids a fault touched
         self.hit_hosts = set()
+        self.problems = []  # found while the job ran (reported with the oracle's)
         self.removed = set()  # slots ever removed from the discovery file
         self.counts = collections.Counter()
         self.quiet = []  # (start, end) windows in which only the discovery script misbehaved
@@ -307,6 +317,8 @@ class Soak:
         if args.checkpoints:
             self.weights.update(CHECKPOINT_WEIGHTS)
         self.weights.update(self.hosts.faults)
+        if args.hosts == "local":
+            self.weights.update(DRIVER_WEIGHTS)
         self.faults = collections.Counter()
         self.stalls = collections.defaultdict(float)  # fault kind -> longest stall after one
         self.violations = []
@@ -329,6 +341,8 @@ class Soak:
                  "--discovery-timeout", "2", "--host-failure-limit", "0",
                  "--liveness-timeout", str(LIVENESS), "--rendezvous-timeout", str(RENDEZVOUS),
                  "--grace-period", "2", "--event-log", str(j.ev.path)]
+                + (["--state-dir", str(j.folder / "state")] if self.args.hosts == "local"
+                   else [])
                 + (["--checkpoint-dir", str(j.folder / "ckpt"), "--checkpoint-interval",
                     str(j.interval)] if self.args.checkpoints else [])
                 + self.hosts.launcher_args() + self.work.command(j.folder))
@@ -405,6 +419,9 @@ class Soak:
                     continue  # one host at least is never impaired
                 if destructive and lasting and not self.args.overlap:
                     continue
+                if action == "driver-kill":
+                    job = self.kill_driver(j, job, env, spares)
+                    continue
                 if action == "job-kill":
                     restarted = self.kill_job(j, job, marker, env, spares)
                     if restarted is None:
@@ -436,7 +453,7 @@ class Soak:
             job.kill()
         j.ev.poll()
         (folder / "output.txt").write_text(job.text() + "\n")
-        problems = self.check(rc, job, want, j, marker, shm_before)
+        problems = j.problems + self.check(rc, job, want, j, marker, shm_before)
         for p in problems:
             self.violations.append(f"job {seed}: {p}")
         self.faults.update(j.counts)
@@ -457,6 +474,47 @@ class Soak:
                   f"it; output with their stacks kept in {kept}", flush=True)
         return not problems
 
+    def kill_driver(self, j, job, env, spares):
+        """driver-kill: SIGKILL of the driver alone (its local workers train on without it),
+        0.2-3 s with no driver, then the same command again on the same --state-dir, which
+        must adopt the running workers (driver_resumed). Returns the new Job."""
+        if j.counts["driver-kill"] >= MAX_RESTARTS:
+            return job
+        j.ev.poll()
+        formed = j.ev.last("round_formed")
+        pids = {e["slot"]: e["pid"] for e in j.ev.all if e["event"] == "worker_started"}
+        fault = j.record("driver-kill", [])
+        os.kill(job.proc.pid, signal.SIGKILL)
+        job.proc.wait(timeout=30)
+        (j.folder / f"output-driver-{j.counts['driver-kill']}.txt").write_text(job.text() + "\n")
+        time.sleep(j.rng.uniform(0.2, 3.0))
+        j.ev.poll()
+        job = Job(self.job_args(j, spares), env=env)
+        resumed = None
+        deadline = time.monotonic() + RENDEZVOUS + 30
+        while resumed is None and time.monotonic() < deadline and job.proc.poll() is None:
+            resumed = next((e for e in j.ev.poll() if e["event"] == "driver_resumed"), None)
+            time.sleep(0.05)
+        fault.until = time.time()
+        if resumed is None or not resumed.get("resumed"):
+            j.problems.append(f"the driver started again after a driver-kill did not adopt "
+                              f"the job: {resumed}")
+        else:
+            # A process lost across it is a violation, unless a fault had touched it (a
+            # stopped one ends with the driver: its process group is orphaned, and the kernel
+            # sends it SIGHUP), or it was not in the round and was still starting (it had not
+            # reached the driver: it dies with it, as any program that never joined).
+            started = {e["slot"]: e["ts"] for e in j.ev.all if e["event"] == "worker_started"}
+            def starting(s):  # a process of the slot that is not the round's, started late
+                t = started.get(s, 0)
+                return ((s not in formed["members"] or t > formed["ts"]) and
+                        fault.at - t <= SPARE_WARM)
+            wrong = [s for s in resumed["lost"] if pids.get(s) not in j.hit and not starting(s)]
+            if wrong:
+                j.problems.append(f"workers lost across a driver-kill that touched none: "
+                                  f"{wrong}")
+        return job
+
     def kill_job(self, j, job, marker, env, spares):
         """job-kill: SIGKILL of the driver's process group, every process of the job found gone
         in /proc, then the same command again. Returns the new Job (the old one when the fault
@@ -467,7 +525,22 @@ class Soak:
         # Every process of this run counts as touched (the driver died with them: none of
         # their exits is in its event log).
         j.hit.update(e["pid"] for e in j.ev.all if e["event"] == "worker_started")
+        # The driver's tree, and the groups of the workers a driver adopted (after a
+        # driver-kill they are no longer its descendants).
+        groups = set()
+        for e in j.ev.all:
+            if e["event"] == "worker_started" and pid_alive(e["pid"]):
+                try:
+                    groups.add(os.getpgid(e["pid"]))
+                except ProcessLookupError:
+                    pass
+        groups.discard(os.getpgrp())
         job.kill()
+        for g in groups:
+            try:
+                os.killpg(g, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         j.restarts.append((fault.at * 1000, time.time() * 1000 + 1))
         job.wait(timeout=30)
         left = self.leftovers(marker)
@@ -797,6 +870,7 @@ class Soak:
                     g.kind in kinds and g.at <= b and a <= (g.until or g.at) + LIVENESS + 6
                     for g in faults)
             bound = STALL["restart" if in_effect(RESTARTS) else
+                          "driver" if in_effect({"driver-kill"}) else
                           "network" if in_effect(NETWORK) else
                           "silent" if in_effect(SILENT) else "crash"]
             gap = b - a
