@@ -352,8 +352,7 @@ void Driver::CheckReattached(bool time_up) {
   std::vector<std::string> back;
   for (const auto& slot : adopted_) {
     if (!reattach_pending_.count(slot) &&
-        std::find(lost_at_resume_.begin(), lost_at_resume_.end(), slot) ==
-            lost_at_resume_.end()) {
+        std::find(lost_at_resume_.begin(), lost_at_resume_.end(), slot) == lost_at_resume_.end()) {
       back.push_back(slot);
     }
   }
