@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -71,6 +72,11 @@ StatusOr<int> LockStateDir(const std::string& dir) {
   if (stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
     return InvalidArgument(dir + " is not a folder");
   }
+  if (stat(dir.c_str(), &st) == 0 && st.st_uid != geteuid()) {
+    return InvalidArgument("the state folder " + dir + " belongs to uid " +
+                           std::to_string(st.st_uid) + ", not to this user: use a folder of "
+                           "your own (it holds the job token)");
+  }
   ASSIGN_OR_RETURN(int fd, LockFolder(dir, "state folder", "is held by a running driver",
                                       "a job has one driver at a time"));
   chmod(dir.c_str(), 0700);  // it holds the job token
@@ -130,11 +136,23 @@ Status WriteJournal(const std::string& dir, const Journal& j) {
 
 StatusOr<Journal> ReadJournal(const std::string& dir) {
   std::string path = JournalPath(dir);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  // The journal names the processes a driver adopts, and --fresh kills: only one this user
+  // alone could have written is trusted.
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return NotFound("no journal in " + dir);
     return InvalidArgument(Errno("cannot read", path));
   }
+  if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022) != 0) {
+    char mode[8];
+    snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return InvalidArgument(path + " is not a file only this user can write (owner uid " +
+                           std::to_string(st.st_uid) + ", mode " + mode +
+                           "): a journal names the processes a driver adopts, so it is not "
+                           "trusted; remove it, or use a folder of your own");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return InvalidArgument(Errno("cannot read", path));
   std::stringstream buf;
   buf << in.rdbuf();
   std::string text = buf.str();

@@ -806,7 +806,9 @@ void Policy::OnReport(const rendezvous::Report& r) {
       break;
     case rendezvous::ReportKind::kFinished:
       w.finished = true;
-      if (r.step > 0) w.step = r.step;
+      // Not below a commit already heard from it: after a driver outage a worker's pending
+      // commit report and its FINISHED may come in either order.
+      if (r.step > 0) w.step = std::max(w.step, r.step);
       break;
     case rendezvous::ReportKind::kFailed:
       Log(Action::kWarn, fmt::format("slot {} reports a failure: {}", r.slot, r.message));

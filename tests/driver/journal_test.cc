@@ -145,6 +145,40 @@ TEST_CASE("journal: a damaged journal is refused naming what is wrong", "[journa
   close(*lock);
 }
 
+TEST_CASE("journal: one that another user could write is not trusted", "[journal]") {
+  TempDir tmp;
+  const std::string& dir = tmp.state;
+  auto lock = LockStateDir(dir);
+  REQUIRE(lock.ok());
+  REQUIRE(WriteJournal(dir, Sample()).ok());
+  REQUIRE(ReadJournal(dir).ok());
+  for (mode_t mode : {0620, 0602, 0666}) {
+    REQUIRE(chmod(JournalPath(dir).c_str(), mode) == 0);
+    Status s = ReadJournal(dir).status();
+    CHECK(s.code() == Code::kInvalidArgument);
+    CHECK_THAT(s.message(), Catch::Contains("not a file only this user can write"));
+  }
+  // A link in its place (to a file someone else chose) is refused too.
+  REQUIRE(chmod(JournalPath(dir).c_str(), 0600) == 0);
+  std::string real = tmp.root + "/elsewhere.json";
+  REQUIRE(rename(JournalPath(dir).c_str(), real.c_str()) == 0);
+  REQUIRE(symlink(real.c_str(), JournalPath(dir).c_str()) == 0);
+  CHECK(ReadJournal(dir).status().code() == Code::kInvalidArgument);
+  // A folder of another user is refused before anything is read from it (root can make
+  // one: CI runs as root).
+  if (geteuid() == 0) {
+    std::string other = tmp.root + "/other";
+    REQUIRE(mkdir(other.c_str(), 0700) == 0);
+    REQUIRE(chown(other.c_str(), 65534, 65534) == 0);
+    auto refused = LockStateDir(other);
+    REQUIRE_FALSE(refused.ok());
+    CHECK_THAT(refused.status().message(), Catch::Contains("belongs to uid 65534"));
+  } else {
+    WARN("not root: the folder of another user is not checked");
+  }
+  close(*lock);
+}
+
 TEST_CASE("journal: one driver holds the folder, and its death releases it", "[journal]") {
   TempDir tmp;
   const std::string& dir = tmp.state;
