@@ -403,8 +403,9 @@ void Driver::MaybeWriteJournal() {
       jw.stdout_file = out_.WorkerFile(slot, 1);
       jw.stderr_file = out_.WorkerFile(slot, 2);
       // What was shown: a line read without its end yet is read again by the next driver.
+      const std::string& name = slot;  // a structured binding cannot be captured (C++17)
       auto shown = [&](int64_t read, int stream) {
-        return read < 0 ? read : read - static_cast<int64_t>(out_.Pending(slot, stream));
+        return read < 0 ? read : read - static_cast<int64_t>(out_.Pending(name, stream));
       };
       jw.stdout_offset = shown(w.proc->stdout_offset(), 1);
       jw.stderr_offset = shown(w.proc->stderr_offset(), 2);
