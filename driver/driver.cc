@@ -331,7 +331,6 @@ void Driver::Adopt() {
     reattach_pending_.insert(slot);
   }
   resumed_at_ = SteadyClock::now();
-  reattach_deadline_ = resumed_at_ + opts_.rendezvous_timeout;
   monitor_.SetDriverRestarts(restarts_);
   spdlog::warn(
       "resuming the job in {} (its driver died {:.1f} s ago; this is restart {}): adopted {} "
@@ -369,7 +368,6 @@ void Driver::CheckReattached(bool time_up) {
   monitor_.OnEvent("driver_resumed", fields);
   resumed_at_ = TimePoint{};
   reattach_pending_.clear();
-  reattach_deadline_ = TimePoint::max();
 }
 
 void Driver::MaybeWriteJournal() {
@@ -718,7 +716,10 @@ void Driver::Loop() {
   while (true) {
     Perform();
     MaybeWriteJournal();
-    if (SteadyClock::now() >= reattach_deadline_) CheckReattached(true);
+    if (resumed_at_ != TimePoint{} &&
+        SteadyClock::now() >= resumed_at_ + opts_.rendezvous_timeout) {
+      CheckReattached(true);
+    }
     monitor_.Update(policy_->View());
     // Done when shutting down and every process is reaped.
     bool any_running = false;

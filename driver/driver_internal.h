@@ -206,8 +206,7 @@ class Driver : public rendezvous::Listener {
   std::string journal_error_;               // the last write's error, said once
   std::set<std::string> reattach_pending_;  // adopted workers whose Watch is not back yet
   std::vector<std::string> adopted_, lost_at_resume_;
-  TimePoint reattach_deadline_ = TimePoint::max();
-  TimePoint resumed_at_{};
+  TimePoint resumed_at_{};  // the adoption, until every adopted worker is back or lost
   double outage_seconds_ = 0;
 };
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/atomic_file.h"
 #include "common/folder_lock.h"
 
 namespace elastic::driver {
@@ -110,28 +111,8 @@ Status WriteJournal(const std::string& dir, const Journal& j) {
               {"core", core},           {"policy", json::parse(j.policy)},
               {"workers", workers}};
   std::string text = doc.dump();
-  std::string path = JournalPath(dir), tmp = path + ".tmp";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return Internal(Errno("cannot write the journal", tmp));
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      std::string why = Errno("cannot write the journal", tmp);
-      close(fd);
-      unlink(tmp.c_str());
-      return Internal(why);
-    }
-    done += static_cast<size_t>(n);
-  }
-  close(fd);
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    std::string why = Errno("cannot rename the journal to", path);
-    unlink(tmp.c_str());
-    return Internal(why);
-  }
-  return Status::Ok();
+  Status wrote = WriteFileAtomically(JournalPath(dir), text, 0600);
+  return wrote.ok() ? wrote : wrote.WithContext("the journal");
 }
 
 StatusOr<Journal> ReadJournal(const std::string& dir) {

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/atomic_file.h"
 #include "rendezvous/client.h"
 
 namespace elastic::driver {
@@ -270,15 +271,8 @@ Status WriteJobFile(const std::string& path, const std::string& address,
   }
   json j = {{"address", address}, {"token", token}, {"pid", getpid()}};
   std::string text = j.dump() + "\n";
-  std::string tmp = path + ".tmp";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return InvalidArgument("cannot write job file " + path + ": " + strerror(errno));
-  bool ok = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  close(fd);
-  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
-    unlink(tmp.c_str());
-    return InvalidArgument("cannot write job file " + path + ": " + strerror(errno));
-  }
+  Status wrote = WriteFileAtomically(path, text, 0600);
+  if (!wrote.ok()) return InvalidArgument("cannot write job file " + path + ": " + wrote.message());
   return Status::Ok();
 }
 
