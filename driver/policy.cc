@@ -829,6 +829,18 @@ void Policy::OnReport(const rendezvous::Report& r) {
       OnCheckpointReport(w, r);
       break;
     case rendezvous::ReportKind::kCommitted:
+      // Within a round a worker's commits only go up, but its reports need not come in that
+      // order: after a driver outage its background report of an older commit and its later
+      // reports (the newest commit, FINISHED) are all sent again at once. An older one than
+      // what was already heard in the same round (or after it finished) is stale: taken, it
+      // would lower the step the worker holds and the finisher's check below would blame its
+      // peers for steps it took itself.
+      if (w.step >= 0 && r.step < w.step && (w.logged_round == r.round || w.finished)) {
+        Log(Action::kDebug, fmt::format("slot {}: a stale commit report (step {}, round {}) "
+                                        "after step {}; ignored",
+                                        r.slot, r.step, r.round, w.step));
+        break;
+      }
       if (w.step >= 0 && r.step > w.step && w.commit_at > s_.formed_at && r.round == s_.formed) {
         s_.longest_interval =
             std::max(s_.longest_interval, (Now() - w.commit_at) / (r.step - w.step));

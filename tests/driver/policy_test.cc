@@ -1197,6 +1197,63 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "policy: a finisher's stale commit report does not make its peers' last step a "
+    "violation",
+    "[unit]") {
+  // Overlap soak (seed 757073668, job 2): after a driver outage the finisher's background
+  // report of step 646 came after its FINISHED at 647; taken as its step, its peer's report
+  // of 647 read as "went on after the finisher stopped" and the job failed.
+  for (bool committed_before : {true, false}) {
+    INFO(committed_before);
+    Job job(Static({{"h", 2}}, 2, 2));
+    job.StartFormed({{"h", 2}}, {"h:0", "h:1"});
+    job.Take();
+    if (committed_before) {
+      job.Commit("h:0", 0, 645);
+      job.Commit("h:1", 0, 645);
+    }
+    rendezvous::Report r;
+    r.slot = "h:0";
+    r.kind = rendezvous::ReportKind::kFinished;
+    r.round = 0;
+    r.step = r.version = 647;
+    job.policy->OnReport(r);
+    job.Commit("h:0", 0, 646);  // stale: sent before the FINISHED, came after it
+    job.policy->OnExit("h:0", 0, "exit status 0");
+    job.Take();
+    CHECK(job.policy->state().workers.at("h:0").step == 647);
+    job.Commit("h:1", 0, 647);
+    r.slot = "h:1";
+    job.policy->OnReport(r);
+    job.Take();
+    CHECK_FALSE(job.policy->shutting_down());
+    job.policy->OnExit("h:1", 0, "exit status 0");
+    job.Take();
+    REQUIRE(job.policy->shutting_down());
+    CHECK(job.policy->exit_code() == 0);
+    INFO(job.policy->final_message());
+  }
+  SECTION("a peer that went on past the finisher is still one") {
+    Job job(Static({{"h", 2}}, 2, 2));
+    job.StartFormed({{"h", 2}}, {"h:0", "h:1"});
+    job.Take();
+    job.Commit("h:0", 0, 646);
+    rendezvous::Report r;
+    r.slot = "h:0";
+    r.kind = rendezvous::ReportKind::kFinished;
+    r.round = 0;
+    r.step = r.version = 647;
+    job.policy->OnReport(r);
+    job.policy->OnExit("h:0", 0, "exit status 0");
+    job.Commit("h:1", 0, 648);
+    job.Take();
+    REQUIRE(job.policy->shutting_down());
+    CHECK(job.policy->exit_code() == 1);
+    CHECK_THAT(job.policy->final_message(), Catch::Contains("went on to step 648"));
+  }
+}
+
 TEST_CASE("policy: a member that does not exit after its peers finished is named and killed",
           "[unit]") {
   for (bool reported_finished : {true, false}) {

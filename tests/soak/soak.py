@@ -478,11 +478,7 @@ class Soak:
         """driver-kill: SIGKILL of the driver alone (its local workers train on without it),
         0.2-3 s with no driver, then the same command again on the same --state-dir, which
         must adopt the running workers (driver_resumed). Returns the new Job."""
-        # Not within ten epochs of the end: a job that finishes while no driver runs can be
-        # failed by the finishing check ("finished training after step N, but slot S went on
-        # to step N+1": reports reordered across the outage), a known open bug.
-        if j.counts["driver-kill"] >= MAX_RESTARTS or \
-                self.work.epoch_done(job.text(), self.args.epochs - 10):
+        if j.counts["driver-kill"] >= MAX_RESTARTS:
             return job
         j.ev.poll()
         formed = j.ev.last("round_formed")
