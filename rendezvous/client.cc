@@ -192,6 +192,7 @@ Status Client::Watch(const std::string& slot, const std::function<void(const Eve
   }
   v1::WatchRequest req;
   req.set_slot(slot);
+  req.set_worker_id(options_.worker_id);
   auto reader = stub_->stub->Watch(&ctx, req);
   // The server marks an accepted stream in its initial metadata; a refused one has none.
   reader->WaitForInitialMetadata();

@@ -294,6 +294,15 @@ void Core::CompleteGet(WaiterId id, StatusOr<Values> result, std::vector<Complet
       [done = std::move(done), result = std::move(result)]() mutable { done(std::move(result)); });
 }
 
+Status Core::CheckWorker(const std::string& slot, const std::string& worker_id) const {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = worker_ids_.find(slot);
+  if (it == worker_ids_.end() || it->second == worker_id) return Status::Ok();
+  return FailedPrecondition("slot " + slot +
+                            " belongs to another process (the one elastic-run started for it "
+                            "last); this one is a stray copy or an old launch");
+}
+
 void Core::SetWorkerId(const std::string& slot, const std::string& id) {
   std::lock_guard<std::mutex> g(mu_);
   worker_ids_[slot] = id;

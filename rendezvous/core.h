@@ -131,6 +131,9 @@ class Core {
                      TimePoint deadline, JoinCallback done, const std::string& worker_id = "");
   StatusOr<JoinResult> Join(const std::string& slot, int64_t last_round, int64_t version,
                             TimePoint deadline);
+  // FAILED_PRECONDITION when the driver set the slot's worker id and `worker_id` is another:
+  // the caller is not the process the driver started (or adopted) for the slot.
+  Status CheckWorker(const std::string& slot, const std::string& worker_id) const;
   Status Set(int64_t round, const std::string& key, std::string value);
   WaiterId GetAsync(int64_t round, std::vector<std::string> keys, TimePoint deadline,
                     GetCallback done);

@@ -279,6 +279,15 @@ grpc::ServerWriteReactor<v1::Event>* RendezvousService::Watch(grpc::CallbackServ
   if (auth.ok() && !ValidSlotName(req->slot(), core_->options().limits.max_slot_bytes)) {
     auth = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "invalid slot name");
   }
+  if (auth.ok() && req->worker_id().size() > 256) {
+    auth = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker id longer than 256 bytes");
+  }
+  if (auth.ok()) {
+    // Only the slot's own process counts as its watcher (a driver that adopted the job takes
+    // a member as re-attached when its stream opens).
+    elastic::Status mine = core_->CheckWorker(req->slot(), req->worker_id());
+    if (!mine.ok()) auth = ToGrpc(mine);
+  }
   if (!auth.ok()) {
     class Refuse : public grpc::ServerWriteReactor<v1::Event> {
      public:

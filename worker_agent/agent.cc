@@ -202,7 +202,7 @@ void Agent::ReportLoop() {
       r.kind = rendezvous::ReportKind::kHeartbeat;
     }
     l.unlock();
-    SendReport(std::move(r));
+    (void)SendReport(std::move(r));
     l.lock();
     // At most one every 0.5 s: the newest commit by then is the one sent.
     report_cv_.wait_for(l, std::chrono::milliseconds(500), [&] { return report_stop_; });
@@ -261,11 +261,17 @@ void Agent::WatchLoop() {
     if (stopping_.load()) return;
     TimePoint now = SteadyClock::now();
     if (opened) lost_since = now;
-    if (s.code() == Code::kUnauthenticated || s.code() == Code::kInvalidArgument) {
+    if (s.code() == Code::kUnauthenticated || s.code() == Code::kInvalidArgument ||
+        s.code() == Code::kFailedPrecondition) {
       spdlog::critical("the driver refused this worker's Watch: {}", s.ToString());
       std::_Exit(3);
     }
     const bool ride_out = ever_open && timeout > Duration::zero();
+    if (ride_out && !driver_lost_.load()) {
+      lost_since_ns_.store(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(lost_since.time_since_epoch())
+              .count());
+    }
     if (ride_out && !driver_lost_.exchange(true)) {
       spdlog::warn(
           "lost the driver at {} ({}); training goes on without it (membership changes wait "
@@ -283,6 +289,7 @@ void Agent::WatchLoop() {
           s.ToString());
       std::_Exit(3);
     }
+    if (ride_out) TestHook("watch_lost", 0);
     // Re-open backoff; while the driver is down, every 200 ms is enough to see it return.
     std::this_thread::sleep_for(std::chrono::milliseconds(driver_lost_.load() ? 200 : 100));
   }
@@ -565,7 +572,7 @@ void Agent::CheckHostUpdates() {
   }
 }
 
-void Agent::SendReport(rendezvous::Report r) {
+Status Agent::SendReport(rendezvous::Report r) {
   r.slot = env_.slot;
   if (r.round < 0) r.round = current_round_.load();
   {
@@ -588,14 +595,14 @@ void Agent::SendReport(rendezvous::Report r) {
   if (const char* sig = std::getenv("ELASTIC_STACK_SIGNAL")) r.stack_signal = std::atoi(sig);
   if (r.message.size() > 4000) r.message.resize(4000);
   Status s = client_->SendReport(r);
-  if (s.ok()) return;
+  if (s.ok()) return s;
   if (!driver_lost_.load()) {
     spdlog::warn("report to the driver failed: {}", s.ToString());
   } else if (!warned_reports_.exchange(true)) {
     spdlog::info("reports to the driver wait while it is unreachable ({})", s.ToString());
   }
+  return s;
 }
-
 
 void Agent::ReportCommitted(const Progress& p, Duration rebuild, Duration sync) {
   // While the driver is unreachable training does not wait for it: the report goes with the
@@ -607,14 +614,14 @@ void Agent::ReportCommitted(const Progress& p, Duration rebuild, Duration sync) 
   rendezvous::Report r = ProgressReport(rendezvous::ReportKind::kCommitted, p);
   r.rebuild_seconds = std::chrono::duration<double>(rebuild).count();
   r.sync_seconds = std::chrono::duration<double>(sync).count();
-  SendReport(std::move(r));
+  (void)SendReport(std::move(r));
 }
 
 void Agent::ReportLeaving(const std::string& why) {
   rendezvous::Report r;
   r.kind = rendezvous::ReportKind::kLeaving;
   r.message = why;
-  SendReport(std::move(r));
+  (void)SendReport(std::move(r));
 }
 
 void Agent::ReportFinished(int64_t version) {
@@ -622,14 +629,43 @@ void Agent::ReportFinished(int64_t version) {
   r.kind = rendezvous::ReportKind::kFinished;
   r.step = version;
   r.version = version;
-  SendReport(std::move(r));
+  Status s = SendReport(r);
+  // During a driver outage the FINISHED waits for the driver to come back, as the Watch does:
+  // a driver that is restarted in time learns that the job ended and ends it as a success
+  // (one that found every worker gone would start the job again). It gives up early enough
+  // (a call's timeout before the Watch's deadline) for the program's own code after training
+  // to run.
+  const Duration call = rendezvous::ClientOptions().call_timeout;
+  auto deadline = [&] {
+    return TimePoint(std::chrono::duration_cast<SteadyClock::duration>(
+               std::chrono::nanoseconds(lost_since_ns_.load()))) +
+           *options_.driver_timeout - call - std::chrono::seconds(1);
+  };
+  bool said = false;
+  auto waits = [&] {
+    return (s.code() == Code::kUnavailable || s.code() == Code::kDeadlineExceeded) &&
+           lost_since_ns_.load() != 0 && !stopping_.load() && SteadyClock::now() < deadline();
+  };
+  while (!s.ok() && waits()) {
+    if (!said) {
+      spdlog::info(
+          "training finished while the driver is unreachable; waiting for it to come "
+          "back (up to the --driver-timeout) to tell it");
+      said = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    s = SendReport(r);
+  }
+  if (!s.ok()) {
+    spdlog::warn("the driver did not hear that this worker finished training: {}", s.ToString());
+  }
 }
 
 void Agent::ReportFailed(const std::string& message) {
   rendezvous::Report r;
   r.kind = rendezvous::ReportKind::kFailed;
   r.message = message;
-  SendReport(std::move(r));
+  (void)SendReport(std::move(r));
 }
 
 void Agent::ReportCheckpoint(rendezvous::ReportKind kind, const Progress& p,
@@ -637,7 +673,7 @@ void Agent::ReportCheckpoint(rendezvous::ReportKind kind, const Progress& p,
   rendezvous::Report r = ProgressReport(kind, p);
   r.message = message;
   r.seconds = seconds;
-  SendReport(std::move(r));
+  (void)SendReport(std::move(r));
 }
 
 namespace {

@@ -123,7 +123,7 @@ class Agent {
   void OutliveParent();
   void ReportLoop();
   void OnEvent(const rendezvous::Event& e);
-  void SendReport(rendezvous::Report r);
+  Status SendReport(rendezvous::Report r);
   // Builds the NCCL communicator of the round just joined, beside the connected Gloo one:
   // by shrinking the previous round's when every member was in it and only members left,
   // else by a fresh init. Errors as JoinNextRound.
@@ -139,6 +139,8 @@ class Agent {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> driver_lost_{false};
   std::atomic<bool> warned_reports_{false};  // a failed report during an outage, said once
+  // When the Watch last broke (steady clock, nanoseconds): the outage's start while driver_lost_.
+  std::atomic<int64_t> lost_since_ns_{0};
   bool outlives_parent_ = false;             // PR_SET_PDEATHSIG cleared (training thread only)
   std::atomic<bool> watch_opened_{false};    // the driver's stream was open once
   std::mutex comm_mu_;  // guards comm_ against Abort from the Watch thread

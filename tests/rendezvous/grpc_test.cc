@@ -48,10 +48,11 @@ struct Fixture {
     server = std::move(s).value();
     address = "127.0.0.1:" + std::to_string(server->port());
   }
-  Client MakeClient(const std::string& token = "secret-token") {
+  Client MakeClient(const std::string& token = "secret-token", const std::string& worker_id = "") {
     ClientOptions o;
     o.address = address;
     o.token = token;
+    o.worker_id = worker_id;
     o.call_timeout = seconds(5);
     return Client(o);
   }
@@ -122,6 +123,34 @@ TEST_CASE("grpc: a wrong or missing token gets UNAUTHENTICATED and changes nothi
   }
   CHECK(f.core->stored_keys() == 0);
   CHECK(f.core->events().watcher_count() == 0);
+}
+
+TEST_CASE("grpc: a Watch from another process of a slot is refused and counts for nothing",
+          "[integration]") {
+  // A driver that adopted a job takes a member as re-attached when its stream opens: a stray
+  // copy of the slot (an old launch) must not pass for it.
+  Fixture f;
+  f.Form(0, {"a:0"}, -1);
+  f.core->SetWorkerId("a:0", "launch-2");
+  for (std::string id : {"launch-1", ""}) {
+    Client stray = f.MakeClient("secret-token", id);
+    Status s = stray.Watch("a:0", [](const Event&) {});
+    CHECK(s.code() == Code::kFailedPrecondition);
+    CHECK_THAT(s.message(), Catch::Contains("belongs to another process"));
+  }
+  CHECK(f.core->events().watcher_count() == 0);
+  Client own = f.MakeClient("secret-token", "launch-2");
+  auto watching =
+      std::async(std::launch::async, [&] { return own.Watch("a:0", [](const Event&) {}); });
+  for (int i = 0; i < 500 && f.core->events().watcher_count() == 0; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  CHECK(f.core->events().watcher_count() == 1);
+  own.CancelWatch();
+  CHECK(watching.wait_for(seconds(10)) == std::future_status::ready);
+  // A slot with no id set (not started by the driver) is not checked here: its Join is.
+  Client other = f.MakeClient("secret-token", "x");
+  CHECK(other.Join("b:0", -1, 0, seconds(1)).status().code() == Code::kFailedPrecondition);
 }
 
 TEST_CASE("grpc: oversized input is refused with INVALID_ARGUMENT", "[integration]") {
