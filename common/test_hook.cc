@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -51,8 +52,15 @@ std::vector<Hook>* Hooks() {  // guarded by g_mu; parsed once
   return hooks;
 }
 
+// "*": anything; "N+": a number N or above; else the value itself.
 bool Matches(const std::string& pattern, const std::string& value) {
-  return pattern == "*" || pattern == value;
+  if (pattern == "*" || pattern == value) return true;
+  if (pattern.size() < 2 || pattern.back() != '+') return false;
+  char* end = nullptr;
+  long long low = std::strtoll(pattern.c_str(), &end, 10);
+  if (end != pattern.c_str() + pattern.size() - 1) return false;
+  long long v = std::strtoll(value.c_str(), &end, 10);
+  return end != value.c_str() && *end == '\0' && v >= low;
 }
 
 }  // namespace
@@ -88,6 +96,11 @@ void TestHook(const char* point, int64_t version) {
   }
   if (action == "lost") throw WorkerLostError(std::string("test hook at ") + point);
   if (action == "stop") kill(getpid(), SIGSTOP);  // a hung worker, until a SIGCONT or SIGKILL
+  // sleepMS: a slow worker there (it goes on by itself); at most 60 s.
+  if (action.compare(0, 5, "sleep") == 0) {
+    int ms = std::atoi(action.c_str() + 5);
+    if (ms > 0) usleep(static_cast<useconds_t>(std::min(ms, 60000)) * 1000);
+  }
 }
 
 }  // namespace elastic

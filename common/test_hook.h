@@ -5,9 +5,10 @@
 //   ELASTIC_TEST_HOOKS="POINT@SLOT@ROUND@VERSION=ACTION[;...]"
 //
 // POINT is one of the names passed to TestHook below; SLOT, ROUND and VERSION select where it
-// fires ("*" matches anything); ACTION is `kill` (SIGKILL this process), `lost` (throw
-// WorkerLostError, as a collective that lost a peer would) or `stop` (SIGSTOP this process). Each entry fires at most once per
-// process.
+// fires ("*" matches anything, "N+" a number N or above); ACTION is `kill` (SIGKILL this
+// process), `lost` (throw WorkerLostError, as a collective that lost a peer would), `stop`
+// (SIGSTOP this process) or `sleepMS` (sleep MS milliseconds, at most 60000, then go on).
+// Each entry fires at most once per process.
 #pragma once
 
 #include <cstdint>
@@ -20,10 +21,11 @@ void SetTestHookRound(int64_t round);
 // Points: "before_save" (State::Commit, version = the one being made), "after_save" (version
 // made, before the commit's agreement), "sync_root" (rank 0 of a sync, after it announced the
 // state's size), "connect" (communicator build, after this rank published its address and
-// fetched its peers', before it connects its pairs),
+// fetched its peers', before it connects its pairs), "watch_lost" (the driver's stream broke
+// during training, before the agent re-opens it),
 // "shm_made" (a host's shared-memory segment made, before its ranks have mapped it and its
-// name is removed), "shm_reduce" (hierarchical allreduce, after the chunk's copy-in barrier; version = the
-// chunk's number on this communicator, counted from 0).
+// name is removed), "shm_reduce" (hierarchical allreduce, after the chunk's copy-in barrier;
+// version = the chunk's number on this communicator, counted from 0).
 void TestHook(const char* point, int64_t version);
 
 }  // namespace elastic
