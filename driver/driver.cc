@@ -349,20 +349,30 @@ void Driver::CheckReattached(bool time_up) {
   if (!resume_ || resumed_at_ == TimePoint{}) return;
   if (!reattach_pending_.empty() && !time_up) return;
   std::vector<std::string> back;
+  auto in = [](const std::vector<std::string>& v, const std::string& s) {
+    return std::find(v.begin(), v.end(), s) != v.end();
+  };
   for (const auto& slot : adopted_) {
-    if (!reattach_pending_.count(slot) &&
-        std::find(lost_at_resume_.begin(), lost_at_resume_.end(), slot) == lost_at_resume_.end()) {
+    if (!reattach_pending_.count(slot) && !in(lost_at_resume_, slot) &&
+        !in(left_at_resume_, slot)) {
       back.push_back(slot);
     }
   }
   std::vector<std::string> lost = lost_at_resume_;
   lost.insert(lost.end(), reattach_pending_.begin(), reattach_pending_.end());
   double took = std::chrono::duration<double>(SteadyClock::now() - resumed_at_).count();
-  spdlog::info("{} worker(s) re-attached in {:.2f} s{}", back.size(), took,
-               lost.empty() ? "" : fmt::format("; lost: [{}]", fmt::join(lost, " ")));
-  JsonFields fields = {{"resumed", true},          {"outage_seconds", outage_seconds_},
-                       {"reattached", back},       {"lost", lost},
-                       {"reattach_seconds", took}, {"round", resume_->core.formed_round},
+  spdlog::info("{} worker(s) re-attached in {:.2f} s{}{}", back.size(), took,
+               lost.empty() ? "" : fmt::format("; lost: [{}]", fmt::join(lost, " ")),
+               left_at_resume_.empty() ? ""
+                                       : fmt::format("; sent away before they re-attached: [{}]",
+                                                     fmt::join(left_at_resume_, " ")));
+  JsonFields fields = {{"resumed", true},
+                       {"outage_seconds", outage_seconds_},
+                       {"reattached", back},
+                       {"lost", lost},
+                       {"left", left_at_resume_},
+                       {"reattach_seconds", took},
+                       {"round", resume_->core.formed_round},
                        {"restarts", restarts_}};
   log_.Write("driver_resumed", fields);
   monitor_.OnEvent("driver_resumed", fields);
@@ -808,9 +818,10 @@ void Driver::Loop() {
         // (FINISHED, then exit 0), else a failure.
         if (w.proc->adopted()) {
           code = policy_->finished(w.slot) ? 0 : 1;
-          // Gone before it re-attached (it finished, or died, while no driver ran).
+          // Gone before it re-attached: it finished, or died, while no driver ran, or this
+          // driver sent it away (a scale-down it heard of through its Join), which is no loss.
           if (reattach_pending_.erase(w.slot) > 0 && code != 0) {
-            lost_at_resume_.push_back(w.slot);
+            (policy_->sent_away(w.slot) ? left_at_resume_ : lost_at_resume_).push_back(w.slot);
           }
           CheckReattached(false);
         }

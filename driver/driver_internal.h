@@ -205,7 +205,9 @@ class Driver : public rendezvous::Listener {
   TimePoint journal_written_{};
   std::string journal_error_;               // the last write's error, said once
   std::set<std::string> reattach_pending_;  // adopted workers whose Watch is not back yet
-  std::vector<std::string> adopted_, lost_at_resume_;
+  // Adopted slots whose process ended before it re-attached: a loss, or sent away by this
+  // driver (scaled away, leaving) and so none.
+  std::vector<std::string> adopted_, lost_at_resume_, left_at_resume_;
   TimePoint resumed_at_{};  // the adoption, until every adopted worker is back or lost
   double outage_seconds_ = 0;
 };

@@ -523,6 +523,11 @@ void Policy::CheckFinished() {
                    " finished");
 }
 
+bool Policy::sent_away(const std::string& slot) const {
+  auto it = s_.workers.find(slot);
+  return it != s_.workers.end() && (it->second.removed || it->second.leaving);
+}
+
 bool Policy::finished(const std::string& slot) const {
   auto it = s_.workers.find(slot);
   return it != s_.workers.end() && it->second.finished;

@@ -111,6 +111,8 @@ class Policy {
   void OnResumed(const std::vector<std::string>& adopted);
   // The slot's worker reported FINISHED (an adopted process's end says nothing of its status).
   bool finished(const std::string& slot) const;
+  // The slot's worker was told to go (scaled away) or said it leaves: its end is expected.
+  bool sent_away(const std::string& slot) const;
   void OnLaunched(const std::string& slot, int64_t pid);
   void OnLaunchFailed(const std::string& slot, const Status& why);
   // The slot's process exited with `code` (128+N for signal N); `how` describes it.

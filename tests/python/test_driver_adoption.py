@@ -233,3 +233,119 @@ def test_a_worker_that_does_not_reattach_is_lost_at_the_rendezvous_timeout(
     assert not problems, "\n".join(problems)
     resumed = [e for e in events(log) if e["event"] == "driver_resumed"]
     assert len(resumed) == 1 and resumed[0]["lost"] == ["localhost:1"], resumed
+
+
+def test_workers_that_finished_while_no_driver_ran_wait_for_it_and_end_the_job(
+        elastic_run, example, fault_free_hash, tmp_path):
+    """The driver killed three epochs before the end: the workers finish training without it
+    and wait (up to --driver-timeout) to tell it. A driver started again after more than a
+    report's own 30 s timeout finds the same processes, hears that they finished, and ends the
+    job as a success, without training anything again."""
+    marker = f"adopt-finished-{os.getpid()}"
+    state, book, log = tmp_path / "state", str(tmp_path / "ledger"), tmp_path / "events.jsonl"
+    args = command(elastic_run, example, state, book, log)
+    args[args.index("--driver-timeout") + 1] = "90"
+    first = Job(args, env=marked_env(marker))
+    second = None
+    try:
+        first.wait_for(rf"\[0\]<stdout>:epoch {EPOCHS - 3} done", timeout=60)
+        pids = wait_workers(marker, 2)
+        killed_at = kill_driver(first)
+        # Training ends without the driver: every epoch's steps are in the ledger.
+        deadline = time.monotonic() + 60
+        while max((l.epoch for l in ledger.read(book)), default=-1) < EPOCHS - 1:
+            assert time.monotonic() < deadline, "training did not end without the driver"
+            time.sleep(0.2)
+        time.sleep(max(0.0, killed_at + 34 - time.time()))
+        assert workers(marker) == pids, "a finished worker gave up on the driver too soon"
+        second = Job(args, env=marked_env(marker))
+        assert second.wait(timeout=60) == 0, second.text()
+        assert "success" in second.text(), second.text()
+    finally:
+        end(marker, first, second)
+    # The fault-free model, printed by rank 0 while no driver ran, is shown by the second.
+    assert f"hash {fault_free_hash}" in second.text(), second.text()
+    problems = ledger.check(book, SAMPLES, EPOCHS, max_rollback=0)
+    assert not problems, "\n".join(problems)
+    evs = events(log)
+    resumed = [e for e in evs if e["event"] == "driver_resumed"]
+    assert len(resumed) == 1 and resumed[0]["resumed"] and resumed[0]["lost"] == [], resumed
+    assert len([e for e in evs if e["event"] == "round_formed"]) == 1, "trained again"
+
+
+def test_a_driver_killed_during_a_sync_is_adopted_and_the_sync_goes_on(
+        elastic_run, example, fault_free_hash, tmp_path):
+    """A member killed, its relaunched process taking the state from rank 0 (a test hook
+    holds rank 0 in the sync for 4 s), and the driver SIGKILLed in that window: the sync needs
+    no driver, and the driver started again adopts the round being synced."""
+    marker = f"adopt-sync-{os.getpid()}"
+    state, book, log = tmp_path / "state", str(tmp_path / "ledger"), tmp_path / "events.jsonl"
+    args = command(elastic_run, example, state, book, log, np=3,
+                   extra=["--host-failure-limit", "0"])  # the slot is started again
+    env = marked_env(marker, ELASTIC_TEST_HOOKS="sync_root@*@1+@1+=sleep4000")
+    first = Job(args, env=env)
+    second = None
+    try:
+        first.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
+        wait_workers(marker, 3)
+        victim = workers(marker, "localhost:2")
+        assert len(victim) == 1, victim
+        os.kill(victim[0], signal.SIGKILL)
+        first.wait_for(r"test hook sync_root fired: sleep4000", timeout=60)
+        kill_driver(first)
+        pids = workers(marker)
+        assert len(pids) == 3 and victim[0] not in pids, pids
+        time.sleep(1)
+        second = Job(args, env=env)
+        second.wait_for(r"3 worker\(s\) re-attached", timeout=30)
+        assert second.wait(timeout=120) == 0, second.text()
+    finally:
+        end(marker, first, second)
+    assert f"hash {fault_free_hash}" in second.text(), second.text()
+    problems = ledger.check(book, SAMPLES, EPOCHS, max_rollback=5)
+    assert not problems, "\n".join(problems)
+    evs = events(log)
+    resumed = [e for e in evs if e["event"] == "driver_resumed"]
+    assert len(resumed) == 1 and resumed[0]["lost"] == [], resumed
+    # The synced round went on: no round formed after the adoption.
+    formed = [e for e in evs if e["event"] == "round_formed"]
+    assert formed[-1]["ts"] < resumed[0]["ts"], (formed, resumed)
+
+
+def test_a_member_sent_away_before_it_reattached_is_not_counted_lost(
+        elastic_run, example, fault_free_hash, tmp_path):
+    """Chaos soak (seed 317254297, job 3): the driver that adopted the job scaled a member
+    away, the member heard of it in its Join and ended before its own stream to the new driver
+    was open again; `driver_resumed` counted it lost. A test hook holds that member's re-open
+    for 4 s while its host is scaled down."""
+    from test_elastic import Discovery
+    marker = f"adopt-away-{os.getpid()}"
+    state, book, log = tmp_path / "state", str(tmp_path / "ledger"), tmp_path / "events.jsonl"
+    disc = Discovery(tmp_path, "localhost:3")
+    args = [elastic_run, "--min-np", "1", "--max-np", "3", "--host-discovery-script",
+            str(disc.script), "--state-dir", str(state), "--driver-timeout", "30",
+            "--event-log", str(log), example, "--epochs", str(EPOCHS), "--step-ms", "10",
+            "--ledger", book]
+    env = marked_env(marker, ELASTIC_TEST_HOOKS="watch_lost@localhost:2@*@*=sleep4000")
+    first = Job(args, env=env)
+    second = None
+    try:
+        first.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
+        wait_workers(marker, 3)
+        away = workers(marker, "localhost:2")
+        kill_driver(first)
+        disc.set("localhost:2")
+        second = Job(args, env=env)
+        second.wait_for(r"2 worker\(s\) re-attached in .*; sent away before they re-attached: "
+                        r"\[localhost:2\]", timeout=30)
+        assert away[0] not in workers(marker)
+        assert second.wait(timeout=120) == 0, second.text()
+    finally:
+        end(marker, first, second)
+    assert f"hash {fault_free_hash}" in second.text(), second.text()
+    problems = ledger.check(book, SAMPLES, EPOCHS, max_rollback=0)
+    assert not problems, "\n".join(problems)
+    check_event_schema(log)
+    resumed = [e for e in events(log) if e["event"] == "driver_resumed"]
+    assert len(resumed) == 1, resumed
+    assert resumed[0]["lost"] == [] and resumed[0]["left"] == ["localhost:2"], resumed

@@ -89,3 +89,45 @@ def test_a_dataloader_with_worker_processes_feeds_the_same_steps(elastic_run, fa
                    "2", "--save", saved], env=py_env(), timeout=300)
     assert rc == 0, out
     assert max_diff(saved, fault_free) < 1e-4
+
+
+def test_a_restarted_driver_adopts_a_pytorch_job_and_it_ends_as_a_fault_free_one(
+        elastic_run, fault_free, tmp_path):
+    """The driver SIGKILLed mid-training (issue 26, docs/recovery.md "A driver that comes
+    back"): the PyTorch workers train on without it, the same command started again adopts
+    them, and the round goes on: the same processes, no rollback, every sample once, the
+    fault-free weights."""
+    from test_driver_adoption import end
+    from test_driver_outage import kill_driver, wait_workers, workers
+    marker = f"torch-adopt-{os.getpid()}"
+    log, book = tmp_path / "events.jsonl", str(tmp_path / "ledger")
+    saved = str(tmp_path / "model.pt")
+    env = py_env()
+    env["ELASTIC_TEST_MARK"] = marker
+    args = [elastic_run, "-np", "2", "--state-dir", str(tmp_path / "state"), "--driver-timeout",
+            "60", "--event-log", str(log), PY, EXAMPLE, "--epochs", "8", "--step-ms", "50",
+            "--ledger", book, "--save", saved]
+    first = Job(args, env=env)
+    second = None
+    try:
+        first.wait_for(r"epoch 1 done", timeout=120)
+        pids = wait_workers(marker, 2)
+        before = len(ledger.read(book))
+        kill_driver(first)
+        import time
+        time.sleep(3)
+        assert workers(marker) == pids
+        assert len(ledger.read(book)) > before, "no step was taken while no driver ran"
+        second = Job(args, env=env)
+        second.wait_for(r"2 worker\(s\) re-attached", timeout=60)
+        assert workers(marker) == pids  # nothing was started again
+        assert second.wait(timeout=300) == 0, second.text()
+    finally:
+        end(marker, first, second)
+    problems = ledger.check(book, TRAIN, 8, max_rollback=0)
+    assert not problems, "\n".join(problems)
+    assert max_diff(saved, fault_free) < 1e-4
+    evs = events(str(log))
+    resumed = [e for e in evs if e["event"] == "driver_resumed"]
+    assert len(resumed) == 1 and resumed[0]["resumed"] and resumed[0]["lost"] == [], resumed
+    assert len([e for e in evs if e["event"] == "round_formed"]) == 1
