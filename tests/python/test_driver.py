@@ -177,14 +177,15 @@ def test_a_worker_with_a_slot_of_no_round_is_refused(elastic_run, test_worker):
 
 
 def test_a_stray_copy_of_a_live_worker_is_refused(elastic_run, test_worker):
-    # Slot localhost:1 starts a second process with the same environment (token, slot): it is
-    # refused at once and exits 1, and the real one is untouched by it.
+    # Slot localhost:1 starts a second process with the same environment (token, slot) but
+    # another worker id: its Watch is refused at once and it exits 3, and the real one is
+    # untouched by it.
     rc, out = run([elastic_run, "-np", "2", "sh", "-c",
                    f'if [ $ELASTIC_SLOT = localhost:1 ]; then '
                    f'ELASTIC_WORKER_ID=copy {test_worker} collectives; echo "copy exited $?"; fi; '
                    f'exec {test_worker} collectives'], timeout=60)
     assert "belongs to another process" in out, out
-    assert "copy exited 1" in out, out
+    assert "copy exited 3" in out, out
     assert rc == 0, out
     assert "[1]<stdout>:collectives ok rank 1 of 2" in out
 
