@@ -77,6 +77,15 @@ struct Job {
     r.version = step;
     policy->OnReport(r);
   }
+  // Its FINISHED after `step`.
+  void Finished(const std::string& slot, int64_t round, int64_t step) {
+    rendezvous::Report r;
+    r.slot = slot;
+    r.kind = rendezvous::ReportKind::kFinished;
+    r.round = round;
+    r.step = r.version = step;
+    policy->OnReport(r);
+  }
   // A worker (a spare) that connected its Watch and answers.
   void Ready(const std::string& slot) {
     policy->OnWatch(slot, true);
@@ -1213,19 +1222,13 @@ TEST_CASE(
       job.Commit("h:0", 0, 645);
       job.Commit("h:1", 0, 645);
     }
-    rendezvous::Report r;
-    r.slot = "h:0";
-    r.kind = rendezvous::ReportKind::kFinished;
-    r.round = 0;
-    r.step = r.version = 647;
-    job.policy->OnReport(r);
+    job.Finished("h:0", 0, 647);
     job.Commit("h:0", 0, 646);  // stale: sent before the FINISHED, came after it
     job.policy->OnExit("h:0", 0, "exit status 0");
     job.Take();
     CHECK(job.policy->state().workers.at("h:0").step == 647);
     job.Commit("h:1", 0, 647);
-    r.slot = "h:1";
-    job.policy->OnReport(r);
+    job.Finished("h:1", 0, 647);
     job.Take();
     CHECK_FALSE(job.policy->shutting_down());
     job.policy->OnExit("h:1", 0, "exit status 0");
@@ -1239,12 +1242,7 @@ TEST_CASE(
     job.StartFormed({{"h", 2}}, {"h:0", "h:1"});
     job.Take();
     job.Commit("h:0", 0, 646);
-    rendezvous::Report r;
-    r.slot = "h:0";
-    r.kind = rendezvous::ReportKind::kFinished;
-    r.round = 0;
-    r.step = r.version = 647;
-    job.policy->OnReport(r);
+    job.Finished("h:0", 0, 647);
     job.policy->OnExit("h:0", 0, "exit status 0");
     job.Commit("h:1", 0, 648);
     job.Take();

@@ -70,6 +70,20 @@ def events(path):
         return [json.loads(l) for l in f if l.strip()]
 
 
+def check_ended(second, book, log, fault_free_hash, max_rollback, lost=()):
+    """The job the second driver adopted ended as a fault-free one: its model, every sample
+    once (rollbacks up to max_rollback), one driver_resumed that lost `lost`. Returns the
+    event log's events and that driver_resumed."""
+    assert f"hash {fault_free_hash}" in second.text(), second.text()
+    problems = ledger.check(book, SAMPLES, EPOCHS, max_rollback=max_rollback)
+    assert not problems, "\n".join(problems)
+    evs = events(log)
+    resumed = [e for e in evs if e["event"] == "driver_resumed"]
+    assert len(resumed) == 1 and resumed[0]["resumed"], resumed
+    assert resumed[0]["lost"] == list(lost), resumed
+    return evs, resumed[0]
+
+
 def command(elastic_run, example, state, book, log, np=2, extra=()):
     return [elastic_run, "-np", str(np), "--min-np", "1", "--state-dir", str(state),
             "--driver-timeout", "30", "--event-log", str(log)] + list(extra) + [
@@ -264,12 +278,7 @@ def test_workers_that_finished_while_no_driver_ran_wait_for_it_and_end_the_job(
     finally:
         end(marker, first, second)
     # The fault-free model, printed by rank 0 while no driver ran, is shown by the second.
-    assert f"hash {fault_free_hash}" in second.text(), second.text()
-    problems = ledger.check(book, SAMPLES, EPOCHS, max_rollback=0)
-    assert not problems, "\n".join(problems)
-    evs = events(log)
-    resumed = [e for e in evs if e["event"] == "driver_resumed"]
-    assert len(resumed) == 1 and resumed[0]["resumed"] and resumed[0]["lost"] == [], resumed
+    evs, _ = check_ended(second, book, log, fault_free_hash, max_rollback=0)
     assert len([e for e in evs if e["event"] == "round_formed"]) == 1, "trained again"
 
 
@@ -301,15 +310,10 @@ def test_a_driver_killed_during_a_sync_is_adopted_and_the_sync_goes_on(
         assert second.wait(timeout=120) == 0, second.text()
     finally:
         end(marker, first, second)
-    assert f"hash {fault_free_hash}" in second.text(), second.text()
-    problems = ledger.check(book, SAMPLES, EPOCHS, max_rollback=5)
-    assert not problems, "\n".join(problems)
-    evs = events(log)
-    resumed = [e for e in evs if e["event"] == "driver_resumed"]
-    assert len(resumed) == 1 and resumed[0]["lost"] == [], resumed
+    evs, resumed = check_ended(second, book, log, fault_free_hash, max_rollback=5)
     # The synced round went on: no round formed after the adoption.
     formed = [e for e in evs if e["event"] == "round_formed"]
-    assert formed[-1]["ts"] < resumed[0]["ts"], (formed, resumed)
+    assert formed[-1]["ts"] < resumed["ts"], (formed, resumed)
 
 
 def test_a_member_sent_away_before_it_reattached_is_not_counted_lost(
@@ -342,10 +346,6 @@ def test_a_member_sent_away_before_it_reattached_is_not_counted_lost(
         assert second.wait(timeout=120) == 0, second.text()
     finally:
         end(marker, first, second)
-    assert f"hash {fault_free_hash}" in second.text(), second.text()
-    problems = ledger.check(book, SAMPLES, EPOCHS, max_rollback=0)
-    assert not problems, "\n".join(problems)
     check_event_schema(log)
-    resumed = [e for e in events(log) if e["event"] == "driver_resumed"]
-    assert len(resumed) == 1, resumed
-    assert resumed[0]["lost"] == [] and resumed[0]["left"] == ["localhost:2"], resumed
+    _, resumed = check_ended(second, book, log, fault_free_hash, max_rollback=0)
+    assert resumed["left"] == ["localhost:2"], resumed
