@@ -1,0 +1,50 @@
+"""The chaos soak's stall oracle (tests/soak/soak.py, Soak.stall_problems): how long training
+may pause after a fault, by what was in effect during the pause."""
+import collections
+import pathlib
+import sys
+import types
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "soak"))
+import soak  # noqa: E402
+
+T0 = 1_800_000_000.0
+
+
+def stall_problems(tmp_path, faults, step_times):
+    book = tmp_path / "ledger"
+    with open(f"{book}.r0", "w") as f:
+        for i, t in enumerate(step_times):
+            f.write(f"0 {i} 0 0 1 {int((T0 + t) * 1000)} {i}\n")
+    made = []
+    for kind, at, until in faults:
+        fault = soak.Fault(kind, [], [])
+        fault.at, fault.until = T0 + at, T0 + until
+        made.append(fault)
+    me = types.SimpleNamespace(stalls=collections.defaultdict(float))
+    return soak.Soak.stall_problems(me, types.SimpleNamespace(faults=made), str(book))
+
+
+def steps(start, end):
+    return [start + 0.1 * i for i in range(int((end - start) / 0.1) + 1)]
+
+
+def test_a_member_stopped_across_a_driver_kill_may_hold_training_for_the_rendezvous_timeout(
+        tmp_path):
+    # Checkpoint soak, seed 923448539, job 3: a stop 1.15 s before a driver-kill, 7 s after a
+    # job-kill's restart; the driver that adopted the job lost the stopped member at the
+    # rendezvous timeout (30 s), and training went on 33.5 s after the stop. Its bound was
+    # the restart's 20 s.
+    times = steps(0, 10) + steps(43.5, 50)
+    faults = [("job-kill", 3.0, 5.0), ("stop", 10.0, 10.0), ("driver-kill", 11.15, 13.6)]
+    assert stall_problems(tmp_path, faults, times) == []
+    assert stall_problems(tmp_path, faults[1:], times) == []
+
+
+def test_a_stop_alone_or_a_driver_kill_alone_keeps_its_own_bound(tmp_path):
+    times = steps(0, 10) + steps(43.5, 50)
+    stop = stall_problems(tmp_path, [("stop", 10.0, 10.0)], times)
+    assert stop == ["training stalled for 33.5 s after a stop fault (bound 16 s)"], stop
+    driver = stall_problems(tmp_path, [("driver-kill", 10.0, 12.4)], times)
+    assert driver == ["training stalled for 33.5 s after a driver-kill fault (bound 12 s)"], \
+        driver
