@@ -296,6 +296,10 @@ void Core::CompleteGet(WaiterId id, StatusOr<Values> result, std::vector<Complet
 
 Status Core::CheckWorker(const std::string& slot, const std::string& worker_id) const {
   std::lock_guard<std::mutex> g(mu_);
+  return CheckWorkerLocked(slot, worker_id);
+}
+
+Status Core::CheckWorkerLocked(const std::string& slot, const std::string& worker_id) const {
   auto it = worker_ids_.find(slot);
   if (it == worker_ids_.end() || it->second == worker_id) return Status::Ok();
   return FailedPrecondition("slot " + slot +
@@ -367,12 +371,8 @@ WaiterId Core::JoinAsync(const std::string& slot, int64_t last_round, int64_t ve
       });
     } else if (version < 0) {
       out.push_back([done] { done(InvalidArgument("a state version cannot be negative")); });
-    } else if (worker_ids_.count(slot) && worker_ids_.at(slot) != worker_id) {
-      out.push_back([done, slot] {
-        done(FailedPrecondition("slot " + slot +
-                                " belongs to another process (the one elastic-run started for "
-                                "it last); this one is a stray copy or an old launch"));
-      });
+    } else if (Status mine = CheckWorkerLocked(slot, worker_id); !mine.ok()) {
+      out.push_back([done, mine] { done(mine); });
     } else if (!known_slots_.count(slot)) {
       out.push_back([done, slot] {
         done(FailedPrecondition("slot " + slot +

@@ -191,6 +191,7 @@ class Core {
   void ExpireDue(std::vector<Completion>* out, std::vector<std::string>* missing,
                  int64_t* timed_out_round);
   Status CheckRound(int64_t round) const;
+  Status CheckWorkerLocked(const std::string& slot, const std::string& worker_id) const;  // mu_
   // When the pending proposal next looks for members that waited too long.
   TimePoint ProposalDeadline(TimePoint now) const;
   void Wake();
