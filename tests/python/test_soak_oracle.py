@@ -48,3 +48,23 @@ def test_a_stop_alone_or_a_driver_kill_alone_keeps_its_own_bound(tmp_path):
     driver = stall_problems(tmp_path, [("driver-kill", 10.0, 12.4)], times)
     assert driver == ["training stalled for 33.5 s after a driver-kill fault (bound 12 s)"], \
         driver
+
+
+class Ended:
+    """A process that has already ended."""
+
+    def poll(self):
+        return 0
+
+
+def test_an_event_written_just_before_the_driver_ended_is_seen(tmp_path):
+    # Soak seed 357137594, job 3: both workers finished during the second driver outage; the
+    # restarted driver wrote driver_resumed and job_ended 2 ms apart and exited between two
+    # reads of its log, and the oracle reported "did not adopt the job: None".
+    log = tmp_path / "events.jsonl"
+    log.write_text('{"event":"round_formed","round":25}\n'
+                   '{"event":"driver_resumed","resumed":true,"round":25}\n'
+                   '{"event":"job_ended","code":0}\n')
+    found = soak.wait_event(soak.Events(str(log)), "driver_resumed", Ended(), 5.0)
+    assert found == {"event": "driver_resumed", "resumed": True, "round": 25}
+    assert soak.wait_event(soak.Events(str(log)), "worker_lost", Ended(), 5.0) is None

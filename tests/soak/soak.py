@@ -158,6 +158,20 @@ class Events:
         return None
 
 
+def wait_event(ev, kind, proc, timeout):
+    """The first new event of this kind in the log, waiting up to timeout seconds while proc
+    runs; None when none came. The log is read once more after proc has ended: a driver that
+    wrote the event and ended the job at once (its workers had finished during the outage)
+    may end between two reads."""
+    deadline = time.monotonic() + timeout
+    while True:
+        running = proc.poll() is None
+        found = next((e for e in ev.poll() if e["event"] == kind), None)
+        if found is not None or not running or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.05)
+
+
 class Fault:
     def __init__(self, kind, targets, pids, host=None):
         self.kind, self.targets, self.pids, self.host = kind, targets, pids, host
@@ -494,11 +508,7 @@ class Soak:
         time.sleep(j.rng.uniform(0.2, 3.0))
         j.ev.poll()
         job = Job(self.job_args(j, spares), env=env)
-        resumed = None
-        deadline = time.monotonic() + RENDEZVOUS + 30
-        while resumed is None and time.monotonic() < deadline and job.proc.poll() is None:
-            resumed = next((e for e in j.ev.poll() if e["event"] == "driver_resumed"), None)
-            time.sleep(0.05)
+        resumed = wait_event(j.ev, "driver_resumed", job.proc, RENDEZVOUS + 30)
         fault.until = time.time()
         if resumed is None or not resumed.get("resumed"):
             j.problems.append(f"the driver started again after a driver-kill did not adopt "
