@@ -416,6 +416,14 @@ void Process::CloseStdin() {
   in_fd_ = -1;
 }
 
+bool Process::WriteStdin(const std::string& text) {
+  if (in_fd_ < 0) return false;
+  int flags = fcntl(in_fd_, F_GETFL);
+  if (flags >= 0 && !(flags & O_NONBLOCK)) fcntl(in_fd_, F_SETFL, flags | O_NONBLOCK);
+  ssize_t wrote = write(in_fd_, text.data(), text.size());
+  return wrote == static_cast<ssize_t>(text.size());
+}
+
 void Process::CloseStderr() {
   if (err_fd_ >= 0) close(err_fd_);
   err_fd_ = -1;

@@ -83,6 +83,9 @@ class Process {
   // Closes the kept stdin (LaunchSpec::keep_stdin_open): the program sees EOF. Also done when
   // the process is reaped.
   void CloseStdin();
+  // Writes a short message (well under the pipe's buffer) to the kept stdin without blocking;
+  // false when it is closed or full, or the process is gone (EPIPE; SIGPIPE must be ignored).
+  bool WriteStdin(const std::string& text);
   // Sends `sig` to the whole process group. Safe after exit (the group may be gone).
   void SignalGroup(int sig) const;
   // Reaps the process if it has exited: true and its code (exit status, or 128+signal).

@@ -255,7 +255,9 @@ Status Driver::OpenStateDir() {
   if (opts_.fresh) {
     for (const auto& slot : running) {
       const JournalWorker& w = journal->workers.at(slot);
-      kill(-w.pid, SIGKILL);
+      // A remote worker's pid is of its host: it exits when its Watch is refused (another
+      // token) or past --driver-timeout.
+      if (w.local) kill(-w.pid, SIGKILL);
     }
     spdlog::warn("--fresh: not resuming the job in {}{}; starting afresh", opts_.state_dir,
                  running.empty() ? ""
@@ -306,6 +308,20 @@ void Driver::Adopt() {
   }
   policy_ = std::move(restored).value();
   for (const auto& [slot, jw] : resume_->workers) {
+    if (!jw.local && !jw.remote_dir.empty()) {
+      Worker& w = workers_[slot];
+      w.slot = slot;
+      w.host = jw.host;
+      w.local = false;
+      if (!AttachRemote(w, jw)) {
+        workers_.erase(slot);
+        lost_at_resume_.push_back(slot);
+        continue;
+      }
+      adopted_.push_back(slot);
+      reattach_pending_.insert(slot);
+      continue;
+    }
     if (!StillRunning(jw)) {
       lost_at_resume_.push_back(slot);
       continue;
@@ -407,7 +423,17 @@ void Driver::MaybeWriteJournal() {
     jw.start_ticks = w.start_ticks;
     jw.local = w.local;
     jw.host = w.host;
-    if (w.proc->output_in_files()) {
+    if (!w.local && !w.remote.dir.empty()) {
+      // The worker on its host, not the launcher here: the driver that adopts the job
+      // attaches to it there (driver/launch.h).
+      jw.pid = w.remote.pid;
+      jw.start_ticks = 0;
+      jw.remote_group = w.remote.group;
+      jw.remote_dir = w.remote.dir;
+      const std::string& name = slot;
+      jw.stdout_offset = w.relayed[1] - static_cast<int64_t>(out_.Pending(name, 1));
+      jw.stderr_offset = w.relayed[2] - static_cast<int64_t>(out_.Pending(name, 2));
+    } else if (w.proc->output_in_files()) {
       jw.stdout_file = out_.WorkerFile(slot, 1);
       jw.stderr_file = out_.WorkerFile(slot, 2);
       // What was shown: a line read without its end yet is read again by the next driver.
@@ -447,6 +473,13 @@ void Driver::Launch(Worker& w, bool spare) {
   // claims the slot (a stray copy, a stale process from an earlier launch).
   std::string worker_id = RandomToken().substr(0, 16);
   core_->SetWorkerId(w.slot, worker_id);
+  w.worker_id = worker_id;
+  w.remote = RemoteWorker{};
+  w.header_done = w.local;
+  w.header.clear();
+  w.relayed[1] = w.relayed[2] = 0;
+  w.attached = false;
+  w.exit_note.clear();
   std::map<std::string, std::string> env = {
       {"ELASTIC_DRIVER_ADDR", driver_addr_},
       {"ELASTIC_WORKER_ID", worker_id},
@@ -495,20 +528,7 @@ void Driver::Launch(Worker& w, bool spare) {
         std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::seconds>(opts_.grace).count()));
     std::string remote =
         RemoteScript(getcwd(cwd, sizeof cwd) ? cwd : "/", env, opts_.command, grace);
-    if (!opts_.launcher_template.empty()) {
-      spec.argv = {"/bin/sh", "-c",
-                   ExpandTemplate(opts_.launcher_template, w.host, ShellQuote(remote))};
-    } else {
-      spec.argv = {"ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"};
-      if (opts_.ssh_port > 0) {
-        spec.argv.insert(spec.argv.end(), {"-p", std::to_string(opts_.ssh_port)});
-      }
-      if (!opts_.ssh_identity_file.empty()) {
-        spec.argv.insert(spec.argv.end(), {"-i", opts_.ssh_identity_file});
-      }
-      // ssh joins its remote words with spaces for the remote shell: one quoted word.
-      spec.argv.insert(spec.argv.end(), {w.host, "sh -c " + ShellQuote(remote)});
-    }
+    spec.argv = LauncherArgv(w.host, remote);
   }
   auto proc = Process::Start(spec);
   if (!proc.ok()) {
@@ -528,6 +548,82 @@ void Driver::Launch(Worker& w, bool spare) {
   }
   spdlog::debug("started slot {} as pid {}", w.slot, w.proc->pid());
   policy_->OnLaunched(w.slot, w.proc->pid());
+}
+
+std::vector<std::string> Driver::LauncherArgv(const std::string& host,
+                                              const std::string& script) const {
+  if (!opts_.launcher_template.empty()) {
+    return {"/bin/sh", "-c", ExpandTemplate(opts_.launcher_template, host, ShellQuote(script))};
+  }
+  std::vector<std::string> argv = {"ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"};
+  if (opts_.ssh_port > 0) argv.insert(argv.end(), {"-p", std::to_string(opts_.ssh_port)});
+  if (!opts_.ssh_identity_file.empty()) {
+    argv.insert(argv.end(), {"-i", opts_.ssh_identity_file});
+  }
+  // ssh joins its remote words with spaces for the remote shell: one quoted word.
+  argv.insert(argv.end(), {host, "sh -c " + ShellQuote(script)});
+  return argv;
+}
+
+bool Driver::AttachRemote(Worker& w, const JournalWorker& jw) {
+  auto id = resume_->core.worker_ids.find(w.slot);
+  w.remote.pid = jw.pid;
+  w.remote.group = static_cast<pid_t>(jw.remote_group);
+  w.remote.dir = jw.remote_dir;
+  w.remote.worker_id = id == resume_->core.worker_ids.end() ? "" : id->second;
+  w.worker_id = w.remote.worker_id;
+  w.header_done = true;
+  w.relayed[1] = std::max<int64_t>(jw.stdout_offset, 0);
+  w.relayed[2] = std::max<int64_t>(jw.stderr_offset, 0);
+  int grace = static_cast<int>(
+      std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::seconds>(opts_.grace).count()));
+  LaunchSpec spec;
+  spec.stdin_data = "attach\n";  // its first line; the stdin then stays open, as a launch's
+  spec.keep_stdin_open = true;
+  spec.argv = LauncherArgv(w.host, AttachScript(w.remote, w.relayed[1], w.relayed[2], grace));
+  auto proc = Process::Start(spec);
+  if (!proc.ok()) {
+    spdlog::warn("cannot attach to the worker of slot {} on {} (pid {}): {}", w.slot, w.host,
+                 jw.pid, proc.status().message());
+    return false;
+  }
+  w.proc = std::move(proc).value();
+  w.attached = true;
+  return true;
+}
+
+void Driver::FeedPipe(Worker& w, int stream, const char* data, size_t n, const std::string& label) {
+  if (stream == 2 && !w.header_done) {
+    w.header.append(data, n);
+    size_t end = w.header.find('\n');
+    if (end == std::string::npos && w.header.size() < 4096) return;
+    w.header_done = true;
+    std::string rest = std::move(w.header);
+    w.header.clear();
+    if (end != std::string::npos) {
+      auto parsed = ParseRemoteHeader(rest.substr(0, end));
+      if (parsed.ok()) {
+        w.remote = *parsed;
+        w.remote.worker_id = w.worker_id;
+        rest.erase(0, end + 1);
+        journal_due_ = true;
+        spdlog::debug("slot {}: pid {} on {}, its output in {}", w.slot, w.remote.pid, w.host,
+                      w.remote.dir);
+      }
+    }
+    if (!rest.empty()) FeedPipe(w, stream, rest.data(), rest.size(), label);
+    return;
+  }
+  if (!w.local) w.relayed[stream] += static_cast<int64_t>(n);
+  out_.Feed(w.slot, stream, data, n, label);
+}
+
+void Driver::FlushHeader(Worker& w, const std::string& label) {
+  if (w.header_done) return;
+  w.header_done = true;
+  std::string rest = std::move(w.header);
+  w.header.clear();
+  if (!rest.empty()) FeedPipe(w, 2, rest.data(), rest.size(), label);
 }
 
 namespace {
@@ -691,6 +787,14 @@ void Driver::Perform() {
             }
             dump->second->stop = true;  // the job is ending: no dump holds it up
           }
+          if (!it->second.local) {
+            // The remote side ends the worker on this line (driver/launch.h) and the launch
+            // then exits with it; a signal to the launcher alone would cut the connection
+            // first, which a worker that rides out a lost driver outlives. SIGKILL (a grace
+            // period after SIGTERM) also ends the launcher, for a host that does not answer.
+            it->second.proc->WriteStdin("stop\n");
+            if (a.signal != SIGKILL) break;
+          }
           it->second.proc->SignalGroup(a.signal);
           if (a.signal == SIGKILL && policy_->shutting_down()) {
             // A worker that ignores its closed pipes still goes: stop waiting for its output.
@@ -816,7 +920,13 @@ void Driver::Loop() {
         if (!w.proc->TryReap(&code)) continue;
         // An adopted process is not this driver's child: how it ended is what its agent said
         // (FINISHED, then exit 0), else a failure.
-        if (w.proc->adopted()) {
+        if (w.attached) {
+          w.exit_note = code == kAttachGone
+                            ? "gone before this driver attached to it (adopted on " + w.host + ")"
+                            : "an end whose status is unknown (adopted on " + w.host +
+                                  ": not this driver's launch)";
+        }
+        if (w.proc->adopted() || w.attached) {
           code = policy_->finished(w.slot) ? 0 : 1;
           // Gone before it re-attached: it finished, or died, while no driver ran, or this
           // driver sent it away (a scale-down it heard of through its Join), which is no loss.
@@ -836,9 +946,13 @@ void Driver::Loop() {
           if (fd < 0) continue;
           ssize_t got;
           while ((got = read(fd, buf.data(), buf.size())) > 0) {
-            out_.Feed(w.slot, stream, buf.data(), static_cast<size_t>(got), label,
-                      w.proc->output_in_files());
+            if (w.proc->output_in_files()) {
+              out_.Feed(w.slot, stream, buf.data(), static_cast<size_t>(got), label, true);
+            } else {
+              FeedPipe(w, stream, buf.data(), static_cast<size_t>(got), label);
+            }
           }
+          if (stream == 2) FlushHeader(w, label);
           out_.Finish(w.slot, stream, label, w.proc->output_in_files());
         }
         w.proc->CloseStdout();
@@ -850,8 +964,9 @@ void Driver::Loop() {
       if (fd < 0) continue;
       ssize_t got = read(fd, buf.data(), buf.size());
       if (got > 0) {
-        out_.Feed(w.slot, refs[i].what, buf.data(), static_cast<size_t>(got), label);
+        FeedPipe(w, refs[i].what, buf.data(), static_cast<size_t>(got), label);
       } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
+        if (refs[i].what == 2) FlushHeader(w, label);
         out_.Finish(w.slot, refs[i].what, label);
         if (refs[i].what == 1) {
           w.proc->CloseStdout();
@@ -866,7 +981,7 @@ void Driver::Loop() {
       return (a.second != 0) > (b.second != 0);
     });
     for (auto& [w, code] : exits) {
-      policy_->OnExit(w->slot, code, w->proc->DescribeExit());
+      policy_->OnExit(w->slot, code, w->exit_note.empty() ? w->proc->DescribeExit() : w->exit_note);
       Perform();
     }
     policy_->OnTimer();

@@ -20,6 +20,7 @@
 #include "driver/driver.h"
 #include "driver/event_log.h"
 #include "driver/journal.h"
+#include "driver/launch.h"
 #include "driver/metrics_http.h"
 #include "driver/monitor.h"
 #include "driver/output.h"
@@ -73,6 +74,16 @@ struct Worker {
   std::unique_ptr<Process> proc;
   bool local = true;
   uint64_t start_ticks = 0;  // of proc (driver/journal.h): the journal names it by pid and this
+  std::string worker_id;     // of its launch (ELASTIC_WORKER_ID)
+  // A remote worker that writes to files on its host (driver/launch.h): what the first line
+  // of its launch's stderr said; remote.dir is "" until then, and for good when the host
+  // could not keep its output (then it does not outlive this driver).
+  RemoteWorker remote;
+  bool header_done = false;        // that line was read (or the stream is not a launch's)
+  std::string header;              // stderr before that line's end
+  int64_t relayed[3] = {0, 0, 0};  // bytes of stdout (1) and stderr (2) passed on, remote
+  bool attached = false;           // proc is an AttachScript to an adopted remote worker
+  std::string exit_note;           // how it ended, when proc's own status does not say
 };
 
 class Driver : public rendezvous::Listener {
@@ -158,6 +169,17 @@ class Driver : public rendezvous::Listener {
   // driver_resumed, once every adopted worker re-opened its Watch or the time is up.
   void CheckReattached(bool time_up);
   void Launch(Worker& w, bool spare);
+  // The launcher's command line that runs `script` on a remote host (ssh, or
+  // --launcher-template).
+  std::vector<std::string> LauncherArgv(const std::string& host, const std::string& script) const;
+  // Starts an AttachScript to an adopted remote worker (driver/launch.h); false when it could
+  // not be started.
+  bool AttachRemote(Worker& w, const JournalWorker& jw);
+  // Passes on what a worker's pipe gave: a remote launch's header line is taken out of its
+  // stderr (Worker::remote), and a remote worker's bytes are counted (the journal's offsets).
+  void FeedPipe(Worker& w, int stream, const char* data, size_t n, const std::string& label);
+  // What is left of a header that never ended (the launch died first): passed on as output.
+  void FlushHeader(Worker& w, const std::string& label);
   // Starts printing the worker's stacks into its stderr lines (eu-stack or gdb; `signal`
   // first, when the worker prints its own on it) on a thread; the text comes back as a
   // kStacksDumped event (StacksDumped). Bounded: 15 s at most.

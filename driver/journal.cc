@@ -102,7 +102,9 @@ Status WriteJournal(const std::string& dir, const Journal& j) {
                      {"stdout_file", w.stdout_file},
                      {"stderr_file", w.stderr_file},
                      {"stdout_offset", w.stdout_offset},
-                     {"stderr_offset", w.stderr_offset}};
+                     {"stderr_offset", w.stderr_offset},
+                     {"remote_dir", w.remote_dir},
+                     {"remote_group", w.remote_group}};
   }
   json doc = {{"format", kFormat},      {"argv", j.argv},
               {"bind", j.bind},         {"driver_addr", j.driver_addr},
@@ -192,6 +194,16 @@ StatusOr<Journal> ReadJournal(const std::string& dir) {
       Get(w, "stderr_file", &out.stderr_file, at);
       Get(w, "stdout_offset", &out.stdout_offset, at);
       Get(w, "stderr_offset", &out.stderr_offset, at);
+      Get(w, "remote_dir", &out.remote_dir, at);
+      Get(w, "remote_group", &out.remote_group, at);
+      if (!out.remote_dir.empty()) {
+        if (out.local || out.remote_dir[0] != '/' || out.remote_dir.size() > 1000) {
+          throw std::runtime_error(at + ".remote_dir is out of range");
+        }
+        if (out.remote_group != out.pid && out.remote_group != -int64_t{out.pid}) {
+          throw std::runtime_error(at + ".remote_group is not the pid's group");
+        }
+      }
     }
   } catch (const std::exception& e) {
     return InvalidArgument(path + ": " + e.what());
@@ -223,6 +235,7 @@ uint64_t ProcessStartTicks(pid_t pid) {
 }
 
 bool StillRunning(const JournalWorker& w) {
+  if (!w.local && !w.remote_dir.empty()) return w.pid > 1;
   return w.pid > 1 && w.start_ticks != 0 && ProcessStartTicks(w.pid) == w.start_ticks;
 }
 

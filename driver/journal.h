@@ -31,6 +31,11 @@ struct JournalWorker {
   // most a second apart while the job is heard from, so a line shown in the driver's last
   // second may be shown again by the one that adopts the job.
   int64_t stdout_offset = -1, stderr_offset = -1;
+  // A remote worker that outlives its launch (driver/launch.h): pid is of its host, where it
+  // writes to remote_dir/stdout and stderr, the offsets are of those, and remote_group is
+  // what `kill` takes for its process group. "" and 0 otherwise.
+  std::string remote_dir;
+  int64_t remote_group = 0;
 };
 
 struct Journal {
@@ -60,7 +65,8 @@ void RemoveJournal(const std::string& state_dir);
 // The start time of a process in clock ticks since boot (/proc/<pid>/stat, field 22); 0 when
 // it is gone or unreadable. With the pid, it names one process for the machine's uptime.
 uint64_t ProcessStartTicks(pid_t pid);
-// The pid still runs the process the journal recorded (not gone, not reused).
+// The pid still runs the process the journal recorded (not gone, not reused). A remote
+// worker with remote_dir is taken to run: the driver's AttachScript finds out on its host.
 bool StillRunning(const JournalWorker& w);
 
 }  // namespace elastic::driver

@@ -2,51 +2,170 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
+#include <cstdio>
+
 #include "common/process.h"
 
 namespace elastic::driver {
+
+namespace {
+
+// The watcher of a kept stdin, run as `sh -c WATCHER GROUP DIR` with the launcher's stdin. A
+// "stop" line, or the end of the stdin, ends the worker's group (SIGTERM, SIGKILL after the
+// grace period); but at the end of the stdin without "stop", a worker whose agent rides out a
+// lost driver (it made DIR/ride-out, worker_agent/worker_agent.h) is left running: the driver
+// died, and the worker exits by itself past --driver-timeout, or is adopted. The agent makes
+// the file when its own stream to the driver breaks, at about the moment the stdin closes:
+// the watcher looks for it for 2 s.
+std::string Watcher(int grace_seconds) {
+  const std::string grace = std::to_string(grace_seconds > 0 ? grace_seconds : 1);
+  return "l=; while IFS= read -r l; do [ \"$l\" = stop ] && break; done; "
+         "if [ \"$l\" != stop ] && [ -n \"$1\" ]; then i=0; "
+         "while [ $i -lt 20 ] && [ ! -e \"$1/ride-out\" ]; do sleep 0.1; i=$((i+1)); done; "
+         "[ -e \"$1/ride-out\" ] && exit 0; fi; "
+         "kill -TERM $0 2>/dev/null; i=0; "
+         "while [ $i -lt " +
+         grace +
+         " ] && kill -0 $0 2>/dev/null; do sleep 1; i=$((i+1)); "
+         "done; kill -KILL $0 2>/dev/null";
+}
+
+// Relays the worker's output files from byte offsets (shell expressions) to this script's
+// stdout and stderr until the worker ($p) ends; $t1 and $t2 are the relays. A relay whose
+// reader is gone (the driver died) dies of SIGPIPE; the worker, writing to its files, is
+// not harmed.
+std::string Relays(const std::string& out_from, const std::string& err_from) {
+  // Polling (---disable-inotify, every 0.1 s): it reads the files once more after the writer
+  // ended, whatever the timing.
+  return "tail ---disable-inotify -c +" + out_from +
+         " -s 0.1 -f --pid=$p \"$D/stdout\" 2>/dev/null & t1=$!\n"
+         "tail ---disable-inotify -c +" +
+         err_from + " -s 0.1 -f --pid=$p \"$D/stderr\" >&2 2>/dev/null & t2=$!\n";
+}
+
+}  // namespace
 
 std::string RemoteScript(const std::string& cwd, const std::map<std::string, std::string>& env,
                          const std::vector<std::string>& command, int grace_seconds) {
   std::string run = "env";
   for (const auto& [k, v] : env) run += " " + ShellQuote(k + "=" + v);
   for (const auto& a : command) run += " " + ShellQuote(a);
-  const std::string grace = std::to_string(grace_seconds > 0 ? grace_seconds : 1);
   // Why each piece is there:
   // * fd 3 keeps the launcher's stdin: an asynchronous list gets /dev/null as its stdin
   //   unless a redirection says otherwise.
   // * The worker runs in a session of its own, so that the launcher's process group (which
   //   the driver signals) holds only this script; and the watcher too, so that a SIGKILL of
   //   the launcher's group cannot take the watcher with it.
-  // * The watcher reads until EOF, then ends the worker's group; the script kills the
-  //   watcher when the worker ends first.
+  // * With GNU tail (its --pid, and polling) the worker writes to files in a folder of its own,
+  // relayed
+  //   to the launcher's stdout and stderr, and the first line of stderr names the worker
+  //   for the driver's journal (kRemoteHeader); without, the worker writes to the launcher's
+  //   pipes and cannot ride out a lost driver.
+  // * The watcher (Watcher above) ends the worker's group on "stop" or at the end of its
+  //   stdin, unless the worker rides out a lost driver; the script kills the watcher when
+  //   the worker ends first.
   // * `wait` returns early when a trapped signal arrives: it is repeated while the worker
   //   lives.
+  // * The folder goes once its output was relayed whole; a relay cut off (the driver died)
+  //   leaves it for the driver that adopts the worker (AttachScript), or for the user.
   std::string s;
   s += "cd " + ShellQuote(cwd) + " || exit 1\n";
   s += "IFS= read -r ELASTIC_JOB_TOKEN || { echo 'elastic-run: no job token on stdin' >&2; "
        "exit 1; }\n";
   s += "export ELASTIC_JOB_TOKEN\n";
   s += "S=; command -v setsid >/dev/null 2>&1 && S=setsid\n";
+  s += "D=; if tail --version 2>/dev/null | grep -q GNU && "
+       "tail ---disable-inotify -n 0 /dev/null 2>/dev/null; then "
+       "D=$(mktemp -d \"${TMPDIR:-/tmp}/elastic-run.XXXXXX\" 2>/dev/null) || D=; fi\n";
+  // The header is one line of words: a folder whose name holds anything else is not used.
+  s += "case \"$D\" in *[!A-Za-z0-9_./-]*) rm -rf \"$D\"; D=;; esac\n";
   s += "exec 3<&0\n";
-  s += "$S " + run + " &\n";
+  s += "if [ -n \"$D\" ]; then\n";
+  // Made here, not by the worker's redirections, which run in the background: the relays
+  // must find them.
+  s += "  : >\"$D/stdout\"; : >\"$D/stderr\"\n";
+  s += "  $S env ELASTIC_RIDE_OUT_FILE=\"$D/ride-out\" " + run +
+       " >>\"$D/stdout\" 2>>\"$D/stderr\" &\n";
+  s += "else\n";
+  s += "  $S " + run + " &\n";
+  s += "fi\n";
   s += "p=$!; g=$p; [ -n \"$S\" ] && g=-$p\n";
   s += "trap 'kill -TERM $g 2>/dev/null' TERM INT HUP\n";
-  s += "$S sh -c 'while IFS= read -r _; do :; done; kill -TERM $0 2>/dev/null; i=0; "
-       "while [ $i -lt " + grace + " ] && kill -0 $0 2>/dev/null; do sleep 1; i=$((i+1)); "
-       "done; kill -KILL $0 2>/dev/null' \"$g\" <&3 >/dev/null 2>&1 &\n";
+  s += "a=1; b=1\n";
+  s += "if [ -n \"$D\" ]; then\n";
+  s += "  echo \"" + std::string(kRemoteHeader) + " $p $g $D\" >&2\n";
+  s += Relays("1", "1");
+  s += "fi\n";
+  s += "$S sh -c " + ShellQuote(Watcher(grace_seconds)) + " \"$g\" \"$D\" <&3 >/dev/null 2>&1 &\n";
   s += "w=$!\n";
   s += "exec 3<&-\n";
   s += "wait $p; c=$?\n";
   s += "while kill -0 $p 2>/dev/null; do wait $p; c=$?; done\n";
+  s += "if [ -n \"$D\" ]; then wait $t1; a=$?; wait $t2; b=$?; fi\n";
   s += "kill $w 2>/dev/null\n";
   // A worker killed while its host's shared-memory segment was still named leaves it behind
   // (worker_agent/shm_group.cc names them elastic-<pid>-<token>).
   s += "rm -f /dev/shm/elastic-$p-* 2>/dev/null\n";
+  s += "[ -n \"$D\" ] && [ $a -eq 0 ] && [ $b -eq 0 ] && rm -rf \"$D\"\n";
   s += "trap - TERM INT HUP\n";
   s += "[ $c -gt 128 ] && [ $c -lt 160 ] && kill -$((c - 128)) $$\n";
   s += "exit $c\n";
   return s;
+}
+
+std::string AttachScript(const RemoteWorker& w, int64_t stdout_offset, int64_t stderr_offset,
+                         int grace_seconds) {
+  auto from = [](int64_t offset) { return std::to_string(std::max<int64_t>(offset, 0) + 1); };
+  std::string s;
+  s += "IFS= read -r _ || exit 1\n";
+  s += "p=" + std::to_string(w.pid) + "; g=" + std::to_string(w.group) +
+       "; D=" + ShellQuote(w.dir) + "\n";
+  // The pid must still be the worker the journal names: the same launch of the slot.
+  s += "if ! kill -0 $p 2>/dev/null || ! tr '\\0' '\\n' </proc/$p/environ 2>/dev/null | "
+       "grep -qx " +
+       ShellQuote("ELASTIC_WORKER_ID=" + w.worker_id) + "; then\n";
+  s += "  if [ -d \"$D\" ]; then tail -c +" + from(stdout_offset) +
+       " \"$D/stdout\" 2>/dev/null; tail -c +" + from(stderr_offset) +
+       " \"$D/stderr\" >&2 2>/dev/null; rm -rf \"$D\"; fi\n";
+  s += "  exit " + std::to_string(kAttachGone) + "\n";
+  s += "fi\n";
+  s += "S=; command -v setsid >/dev/null 2>&1 && S=setsid\n";
+  s += "exec 3<&0\n";
+  s += Relays(from(stdout_offset), from(stderr_offset));
+  s += "$S sh -c " + ShellQuote(Watcher(grace_seconds)) + " \"$g\" \"$D\" <&3 >/dev/null 2>&1 &\n";
+  s += "w=$!\n";
+  s += "exec 3<&-\n";
+  s += "trap 'kill -TERM $g 2>/dev/null' TERM INT HUP\n";
+  s += "while kill -0 $p 2>/dev/null; do sleep 0.2; done\n";
+  s += "wait $t1; a=$?; wait $t2; b=$?\n";
+  s += "kill $w 2>/dev/null\n";
+  s += "rm -f /dev/shm/elastic-$p-* 2>/dev/null\n";
+  s += "[ $a -eq 0 ] && [ $b -eq 0 ] && rm -rf \"$D\"\n";
+  s += "exit 0\n";
+  return s;
+}
+
+StatusOr<RemoteWorker> ParseRemoteHeader(const std::string& line) {
+  auto bad = [&] {
+    return InvalidArgument("not a remote worker's header: '" + line.substr(0, 200) + "'");
+  };
+  const std::string prefix = std::string(kRemoteHeader) + " ";
+  if (line.compare(0, prefix.size(), prefix) != 0) return bad();
+  RemoteWorker w;
+  char dir[1024] = {0};
+  long long pid = 0, group = 0;
+  int used = 0;
+  if (std::sscanf(line.c_str() + prefix.size(), "%lld %lld %1023s%n", &pid, &group, dir, &used) !=
+          3 ||
+      prefix.size() + static_cast<size_t>(used) != line.size() || pid <= 1 ||
+      (group != pid && group != -pid) || dir[0] != '/') {
+    return bad();
+  }
+  w.pid = static_cast<pid_t>(pid);
+  w.group = static_cast<pid_t>(group);
+  w.dir = dir;
+  return w;
 }
 
 std::string ExpandTemplate(const std::string& tmpl, const std::string& host,

@@ -3,6 +3,9 @@
 // that tests and the fuzzer (tests/fuzz/) call them directly.
 #pragma once
 
+#include <sys/types.h>
+
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -15,13 +18,44 @@ namespace elastic::driver {
 // first line (a secret never goes on a command line), starts `command` with `env` in a
 // session of its own (setsid, where the host has it), and then watches its stdin: the
 // launcher (ssh, or the template's command) keeps it open for as long as the driver wants
-// the worker. When it closes (the driver died, the launcher was killed, the connection
-// dropped; sshd without a tty sends no signal) the worker's whole process group gets
-// SIGTERM, and SIGKILL `grace_seconds` later if anything of it is left, whatever the program
-// does. SIGTERM, SIGINT or SIGHUP to the script are passed to the worker's group. The script
-// exits with the worker's status (a worker killed by signal N kills the script with N).
+// the worker. On a "stop" line, or when it closes (the driver died, the launcher was killed,
+// the connection dropped; sshd without a tty sends no signal), the worker's whole process
+// group gets SIGTERM, and SIGKILL `grace_seconds` later if anything of it is left, whatever
+// the program does (but see the ride-out below). SIGTERM, SIGINT or SIGHUP to the script are passed
+// to the worker's group. The script exits with the worker's status (a worker killed by signal N
+// kills the script with N).
+//
+// With GNU tail on the host, the worker's stdout and stderr go to files in a folder of its own
+// (mktemp -d under $TMPDIR), relayed to the launcher's stdout and stderr, and the first line
+// of the launcher's stderr is kRemoteHeader with the worker's pid, process group and folder
+// (ParseRemoteHeader), for the driver's journal. Such a worker outlives a driver that died:
+// its stdin closing without a "stop" line first does not end a worker whose agent says it
+// rides out the outage (ELASTIC_RIDE_OUT_FILE), and the driver that adopts the job attaches to
+// it (AttachScript). "stop" on the stdin is how the driver ends it.
 std::string RemoteScript(const std::string& cwd, const std::map<std::string, std::string>& env,
                          const std::vector<std::string>& command, int grace_seconds);
+
+// The first line of a remote launch's stderr: "elastic-remote: PID GROUP DIR".
+inline constexpr const char* kRemoteHeader = "elastic-remote:";
+// What the driver learns of a remote worker from that line (and its worker id).
+struct RemoteWorker {
+  pid_t pid = 0;
+  pid_t group = 0;  // what `kill` is given for its process group (-pid with setsid, else pid)
+  std::string dir;  // its output folder on the host
+  std::string worker_id;
+};
+// INVALID_ARGUMENT when the line is not a header (a program's own line, say).
+StatusOr<RemoteWorker> ParseRemoteHeader(const std::string& line);
+
+// The /bin/sh script a driver that adopted a job runs on a remote worker's host, through the
+// same launcher: when the pid still runs the worker (its ELASTIC_WORKER_ID in
+// /proc/PID/environ), it relays the worker's files from the offsets given (what was shown)
+// and watches its stdin as RemoteScript does, until the worker ends; it then exits 0 (the
+// worker's status is not known to it). When the worker is gone it prints what the files hold
+// past the offsets and exits kAttachGone. The first line of its stdin is read and ignored.
+inline constexpr int kAttachGone = 97;
+std::string AttachScript(const RemoteWorker& w, int64_t stdout_offset, int64_t stderr_offset,
+                         int grace_seconds);
 
 // Replaces every {host} and {command} of a --launcher-template in one left-to-right pass: the
 // text substituted is never scanned again (a command holding "{command}" stays as it is).

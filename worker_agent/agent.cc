@@ -1,4 +1,5 @@
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <spdlog/spdlog.h>
 #include <sys/prctl.h>
@@ -68,6 +69,7 @@ StatusOr<WorkerEnv> WorkerEnv::FromEnvironment() {
   env.hostname = Env("ELASTIC_HOSTNAME");
   env.iface = Env("ELASTIC_IFACE");
   env.worker_id = Env("ELASTIC_WORKER_ID");
+  env.ride_out_file = Env("ELASTIC_RIDE_OUT_FILE");
   for (auto [name, value] :
        {std::pair<const char*, std::string*>{"ELASTIC_DRIVER_ADDR", &env.driver_addr},
         {"ELASTIC_JOB_TOKEN", &env.token},
@@ -253,6 +255,7 @@ void Agent::WatchLoop() {
           ever_open = true;
           watch_opened_.store(true);
           if (driver_lost_.exchange(false)) {
+            if (!env_.ride_out_file.empty()) unlink(env_.ride_out_file.c_str());
             spdlog::warn("the driver at {} is reachable again after {:.1f} s", env_.driver_addr,
                          seconds(SteadyClock::now() - lost_since));
             warned_reports_.store(false);
@@ -273,6 +276,17 @@ void Agent::WatchLoop() {
               .count());
     }
     if (ride_out && !driver_lost_.exchange(true)) {
+      if (!env_.ride_out_file.empty()) {
+        // Made before the message: the remote side checks for it as soon as its
+        // connection to the (dead) driver closes.
+        int fd = open(env_.ride_out_file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        if (fd >= 0) {
+          close(fd);
+        } else {
+          spdlog::warn("cannot make {} ({}): the remote side of the launch may end this worker",
+                       env_.ride_out_file, strerror(errno));
+        }
+      }
       spdlog::warn(
           "lost the driver at {} ({}); training goes on without it (membership changes wait "
           "for it); this worker exits if it is not back within {:.0f} s (--driver-timeout)",

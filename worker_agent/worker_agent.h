@@ -30,6 +30,10 @@ struct WorkerEnv {
   std::string hostname;     // ELASTIC_HOSTNAME
   std::string iface;        // ELASTIC_IFACE (may be empty)
   std::string worker_id;    // ELASTIC_WORKER_ID: which launch of the slot this process is
+  // ELASTIC_RIDE_OUT_FILE (remote slots, driver/launch.h): a file that exists while this
+  // worker has lost its driver and rides the outage out, so that the remote side of the
+  // launch, whose connection to the driver went with it, leaves the worker running.
+  std::string ride_out_file;
   // Reads the variables; INVALID_ARGUMENT naming the missing one (run under elastic-run).
   static StatusOr<WorkerEnv> FromEnvironment();
 };

@@ -63,6 +63,8 @@ Journal Sample() {
   w.stderr_file = "/s/err";
   w.stdout_offset = 10;
   w.stderr_offset = -1;
+  w.remote_dir = "/tmp/elastic-run.abc";
+  w.remote_group = -4242;
   j.workers["b:0"] = w;
   return j;
 }
@@ -110,7 +112,8 @@ TEST_CASE("journal: every field survives a write and a read", "[journal]") {
   const JournalWorker& w = back->workers.at("b:0");
   CHECK((w.pid == 4242 && w.start_ticks == 99 && !w.local && w.host == "b" &&
          w.stdout_file == "/s/out" && w.stderr_file == "/s/err" && w.stdout_offset == 10 &&
-         w.stderr_offset == -1));
+         w.stderr_offset == -1 && w.remote_dir == "/tmp/elastic-run.abc" &&
+         w.remote_group == -4242));
   RemoveJournal(dir);
   CHECK(ReadJournal(dir).status().code() == Code::kNotFound);
   close(*lock);
@@ -136,6 +139,10 @@ TEST_CASE("journal: a damaged journal is refused naming what is wrong", "[journa
   CHECK_THAT(s.message(), Catch::Contains("journal.port is out of range"));
   s = with("\"pid\":4242", "\"pid\":\"x\"");
   CHECK_THAT(s.message(), Catch::Contains("journal.workers.b:0.pid has the wrong type"));
+  s = with("\"remote_group\":-4242", "\"remote_group\":77");
+  CHECK_THAT(s.message(), Catch::Contains("journal.workers.b:0.remote_group is not the pid's"));
+  s = with("\"remote_dir\":\"/tmp", "\"remote_dir\":\"tmp");
+  CHECK_THAT(s.message(), Catch::Contains("journal.workers.b:0.remote_dir is out of range"));
   s = with("\"token\":", "\"tokn\":");
   CHECK_THAT(s.message(), Catch::Contains("journal.token is missing"));
   s = with("\"format\":1,", "\"format\":9,");

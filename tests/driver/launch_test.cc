@@ -58,7 +58,8 @@ Remote StartRemote(const std::string& program, int grace = 2) {
   Remote r;
   r.pid_file = tmpl;
   std::string body = "echo $$ > " + r.pid_file + "; " + program;
-  std::string script = RemoteScript("/", {{"ELASTIC_SLOT", "h:0"}}, {"/bin/sh", "-c", body}, grace);
+  std::string script = RemoteScript("/", {{"ELASTIC_SLOT", "h:0"}, {"ELASTIC_WORKER_ID", "w-1"}},
+                                    {"/bin/sh", "-c", body}, grace);
   LaunchSpec spec;
   spec.argv = {"/bin/sh", "-c", script};
   spec.stdin_data = "the-token\n";
@@ -129,6 +130,175 @@ TEST_CASE("SIGTERM to the launcher's group reaches the program", "[unit]") {
   CHECK(WaitExit(*r.proc, std::chrono::seconds(30)) == 42);
   CHECK_FALSE(Alive(pid));
   unlink(r.pid_file.c_str());
+}
+
+// Reads what the launcher's pipe gives until `pred` holds for all of it, for up to `limit`.
+template <typename Pred>
+std::string ReadUntil(int fd, std::string* text, Pred pred, std::chrono::seconds limit) {
+  WaitFor(
+      [&] {
+        char buf[4096];
+        ssize_t got;
+        while (fd >= 0 && (got = read(fd, buf, sizeof buf)) > 0) {
+          text->append(buf, static_cast<size_t>(got));
+        }
+        return pred(*text);
+      },
+      limit);
+  return *text;
+}
+
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// The header line of a launch's stderr (the first line), parsed.
+RemoteWorker Header(Remote& r, std::string* err) {
+  ReadUntil(
+      r.proc->stderr_fd(), err, [](const std::string& t) { return Contains(t, "\n"); },
+      std::chrono::seconds(30));
+  auto parsed = ParseRemoteHeader(err->substr(0, err->find('\n')));
+  REQUIRE(parsed.ok());
+  err->erase(0, err->find('\n') + 1);
+  return *parsed;
+}
+
+bool DirExists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
+
+TEST_CASE("The remote script relays the worker's output from its files and names it first",
+          "[unit]") {
+  Remote r = StartRemote("echo out-line; echo err-line >&2; exit 0");
+  std::string err, out;
+  RemoteWorker w = Header(r, &err);
+  CHECK(w.pid == ProgramPid(r));
+  CHECK(w.group == -w.pid);  // setsid: its own process group
+  CHECK(w.dir.rfind("/tmp/elastic-run.", 0) == 0);
+  CHECK(WaitExit(*r.proc, std::chrono::seconds(30)) == 0);
+  ReadUntil(
+      r.proc->stdout_fd(), &out, [](const std::string& t) { return !t.empty(); },
+      std::chrono::seconds(5));
+  ReadUntil(
+      r.proc->stderr_fd(), &err, [](const std::string& t) { return !t.empty(); },
+      std::chrono::seconds(5));
+  CHECK(out == "out-line\n");
+  CHECK(err == "err-line\n");
+  CHECK_FALSE(DirExists(w.dir));  // relayed whole: removed
+  unlink(r.pid_file.c_str());
+}
+
+TEST_CASE("A worker that rides out a lost driver outlives the launcher's stdin; 'stop' ends it",
+          "[unit]") {
+  // The program stands in for an agent that lost its driver: it makes the file and trains on.
+  Remote r = StartRemote(
+      "trap '' TERM; : >\"$ELASTIC_RIDE_OUT_FILE\"; i=0; "
+      "while :; do echo \"step $i\"; i=$((i+1)); sleep 0.1; done");
+  std::string err;
+  RemoteWorker w = Header(r, &err);
+  pid_t pid = ProgramPid(r);
+  REQUIRE(WaitFor([&] { return DirExists(w.dir + "/ride-out"); }, std::chrono::seconds(30)));
+  r.proc->CloseStdin();  // the driver died: its launcher with it
+  CHECK(r.proc->stdout_fd() >= 0);
+  r.proc->CloseStdout();  // and nothing reads the relays any more
+  r.proc->CloseStderr();
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  CHECK(Alive(pid));  // past the watcher's 2 s look for the file
+  std::ifstream f(w.dir + "/stdout");
+  std::string kept((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  CHECK(Contains(kept, "step 25"));  // it wrote on, into its file
+
+  // An attach to a pid that is not that launch's worker (another id in /proc/PID/environ:
+  // the pid was reused) finds it gone: it prints what the folder kept past the offset
+  // ("step 0\n" had been shown) and removes it.
+  w.worker_id = "w-2";
+  LaunchSpec spec;
+  spec.argv = {"/bin/sh", "-c", AttachScript(w, 7, 0, 1)};
+  spec.stdin_data = "attach\n";
+  spec.keep_stdin_open = true;
+  auto gone = Process::Start(spec);
+  REQUIRE(gone.ok());
+  CHECK(WaitExit(**gone, std::chrono::seconds(30)) == kAttachGone);
+  std::string out;
+  ReadUntil((*gone)->stdout_fd(), &out, [](const std::string& t) { return Contains(t, "step 25"); },
+            std::chrono::seconds(5));
+  CHECK(out.rfind("step 1\n", 0) == 0);
+  CHECK_FALSE(DirExists(w.dir));
+  kill(-pid, SIGKILL);
+  CHECK(WaitFor([&] { return !Alive(pid); }, std::chrono::seconds(30)));
+  WaitExit(*r.proc, std::chrono::seconds(30));
+  unlink(r.pid_file.c_str());
+}
+
+TEST_CASE("A driver attaches to a remote worker that rode out its death, and stops it", "[unit]") {
+  Remote r = StartRemote(
+      "trap '' TERM; : >\"$ELASTIC_RIDE_OUT_FILE\"; i=0; "
+      "while :; do echo \"step $i\"; i=$((i+1)); sleep 0.1; done",
+      /*grace=*/1);
+  std::string err;
+  RemoteWorker w = Header(r, &err);
+  pid_t pid = ProgramPid(r);
+  REQUIRE(WaitFor([&] { return DirExists(w.dir + "/ride-out"); }, std::chrono::seconds(30)));
+  r.proc->CloseStdin();
+  r.proc->CloseStdout();
+  r.proc->CloseStderr();
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  REQUIRE(Alive(pid));
+  w.worker_id = "w-1";  // the launch's
+  LaunchSpec spec;
+  spec.argv = {"/bin/sh", "-c", AttachScript(w, 7, 0, 1)};  // "step 0\n" was shown
+  spec.stdin_data = "attach\n";
+  spec.keep_stdin_open = true;
+  auto attach = Process::Start(spec);
+  REQUIRE(attach.ok());
+  std::string out;
+  ReadUntil((*attach)->stdout_fd(), &out,
+            [](const std::string& t) { return Contains(t, "step 40"); }, std::chrono::seconds(30));
+  CHECK(out.rfind("step 1\n", 0) == 0);  // from the offset on, nothing missed
+  CHECK(Contains(out, "step 40\n"));
+  CHECK(Alive(pid));
+  CHECK((*attach)->WriteStdin("stop\n"));
+  CHECK(WaitFor([&] { return !Alive(pid); }, std::chrono::seconds(30)));
+  CHECK(WaitExit(**attach, std::chrono::seconds(30)) == 0);
+  CHECK_FALSE(DirExists(w.dir));
+  WaitExit(*r.proc, std::chrono::seconds(30));
+  unlink(r.pid_file.c_str());
+}
+
+TEST_CASE("Without the ride-out file, the end of the stdin still ends a worker", "[unit]") {
+  Remote r = StartRemote("trap '' TERM; while :; do sleep 0.1; done", /*grace=*/1);
+  std::string err;
+  RemoteWorker w = Header(r, &err);
+  pid_t pid = ProgramPid(r);
+  r.proc->CloseStdin();
+  CHECK(WaitFor([&] { return !Alive(pid); }, std::chrono::seconds(30)));
+  CHECK(WaitExit(*r.proc, std::chrono::seconds(30)) == 128 + SIGKILL);
+  CHECK_FALSE(DirExists(w.dir));
+  unlink(r.pid_file.c_str());
+}
+
+TEST_CASE("'stop' on the stdin ends a worker even while it rides out", "[unit]") {
+  Remote r = StartRemote(": >\"$ELASTIC_RIDE_OUT_FILE\"; while :; do sleep 0.1; done");
+  std::string err;
+  RemoteWorker w = Header(r, &err);
+  pid_t pid = ProgramPid(r);
+  REQUIRE(WaitFor([&] { return DirExists(w.dir + "/ride-out"); }, std::chrono::seconds(30)));
+  CHECK(r.proc->WriteStdin("stop\n"));
+  CHECK(WaitFor([&] { return !Alive(pid); }, std::chrono::seconds(30)));
+  CHECK(WaitExit(*r.proc, std::chrono::seconds(30)) == 128 + SIGTERM);
+  unlink(r.pid_file.c_str());
+}
+
+TEST_CASE("A remote header is parsed only when it is one", "[unit]") {
+  auto w = ParseRemoteHeader("elastic-remote: 1234 -1234 /tmp/elastic-run.abc");
+  REQUIRE(w.ok());
+  CHECK(w->pid == 1234);
+  CHECK(w->group == -1234);
+  CHECK(w->dir == "/tmp/elastic-run.abc");
+  for (const char* bad : {"elastic-remote: 1234 -1234", "elastic-remote: 1234 99 /tmp/x",
+                          "elastic-remote: 1 1 /tmp/x", "elastic-remote: 12 12 tmp/x",
+                          "elastic-remote: 12 12 /tmp/x y", "hello", ""}) {
+    INFO(bad);
+    CHECK_FALSE(ParseRemoteHeader(bad).ok());
+  }
 }
 
 TEST_CASE("A template is expanded once: what is substituted is never expanded again",

@@ -142,6 +142,57 @@ def test_a_restarted_driver_adopts_the_running_workers_and_the_round_goes_on(
     assert not journal.exists(), "the journal of an ended job must go"
 
 
+def programs(marker, name):
+    """The test's processes that run the program `name` (argv[0]), from /proc: on the remote
+    path, the launch's shells, relays and watchers carry the slot's environment too."""
+    out = []
+    for pid in workers(marker):
+        try:
+            argv0 = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0]
+        except OSError:
+            continue
+        if os.path.basename(argv0.decode()) == name:
+            out.append(pid)
+    return sorted(out)
+
+
+def test_remote_workers_ride_out_the_outage_and_the_restarted_driver_attaches_to_them(
+        elastic_run, example, fault_free_hash, tmp_path):
+    """Slots of another host (127.0.0.2 is not this host's name: the remote path, through
+    `sh -c` in place of ssh): their launchers die with the driver, the workers train on,
+    writing to their folders on the host, and the next driver attaches to them there
+    (driver/launch.h), showing what they wrote meanwhile."""
+    marker = f"adopt-remote-{os.getpid()}"
+    state, book, log = tmp_path / "state", str(tmp_path / "ledger"), tmp_path / "events.jsonl"
+    args = command(elastic_run, example, state, book, log,
+                   extra=["-H", "127.0.0.2:2", "--driver-address", "127.0.0.1",
+                          "--launcher-template", "sh -c {command}"])
+    first, _ = outage(marker, args, 2)
+    second = None
+    try:
+        pids = programs(marker, "logistic_regression")
+        assert len(pids) == 2, pids
+        time.sleep(2.0)  # more than an epoch trained while no driver runs
+        assert programs(marker, "logistic_regression") == pids, "a worker died with the driver"
+        second = Job(args, env=marked_env(marker))
+        second.wait_for(r"resuming the job in .*adopted 2 running worker", timeout=30)
+        second.wait_for(r"2 worker\(s\) re-attached", timeout=30)
+        assert programs(marker, "logistic_regression") == pids
+        assert second.wait(timeout=120) == 0, second.text()
+    finally:
+        end(marker, first, second)
+    evs, resumed = check_ended(second, book, log, fault_free_hash, max_rollback=0)
+    assert sorted(resumed["reattached"]) == ["127.0.0.2:0", "127.0.0.2:1"], resumed
+    assert len([e for e in evs if e["event"] == "round_formed"]) == 1  # no round after it
+    shown = {int(m.group(1)) for l in first.lines + second.lines
+             for m in [re.match(r"\[0\]<stdout>:epoch (\d+) done", l)] if m}
+    assert shown == set(range(EPOCHS)), (sorted(shown), first.text(), second.text())
+    assert "elastic-remote:" not in first.text() + second.text()  # the header is not output
+    exits = [e for e in evs if e["event"] == "worker_exited"]
+    assert sorted(e["slot"] for e in exits) == ["127.0.0.2:0", "127.0.0.2:1"], exits
+    assert all(e["code"] == 0 for e in exits), exits
+
+
 def test_a_worker_that_died_during_the_outage_is_lost_and_the_job_goes_on(
         elastic_run, example, fault_free_hash, tmp_path):
     marker = f"adopt-lost-{os.getpid()}"

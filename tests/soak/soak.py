@@ -126,7 +126,7 @@ STALL = {"crash": 10.0, "silent": LIVENESS + 12.0, "network": RENDEZVOUS - 2.0,
 # bound is the rendezvous timeout's, less a margin.
 NETWORK = {"link-flap", "loss", "cap", "partition"}
 # The processes of a remote launch itself (driver/launch.h), above the worker program.
-LAUNCH_PROGRAMS = {"sh", "dash", "bash", "ip", "env", "setsid", "sleep"}
+LAUNCH_PROGRAMS = {"sh", "dash", "bash", "ip", "env", "setsid", "sleep", "tail", "grep", "mktemp"}
 SPARE_WARM = 10.0  # seconds after its start a spare is taken to be initialised and waiting
 SILENT = {"stop", "stop-cont", "link-flap", "loss", "cap", "partition", "spare-stop"}
 
