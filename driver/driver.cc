@@ -592,26 +592,39 @@ bool Driver::AttachRemote(Worker& w, const JournalWorker& jw) {
   return true;
 }
 
-void Driver::FeedPipe(Worker& w, int stream, const char* data, size_t n, const std::string& label) {
+void Driver::FeedPipe(Worker& w, int stream, const char* data, size_t n,
+                      const std::string& label) {
   if (stream == 2 && !w.header_done) {
+    // The launcher may write lines of its own first (ssh's warnings): those are output; the
+    // header is looked for in the first 64 lines or 16 KiB.
     w.header.append(data, n);
-    size_t end = w.header.find('\n');
-    if (end == std::string::npos && w.header.size() < 4096) return;
-    w.header_done = true;
-    std::string rest = std::move(w.header);
-    w.header.clear();
-    if (end != std::string::npos) {
-      auto parsed = ParseRemoteHeader(rest.substr(0, end));
+    std::string out;
+    size_t end;
+    while (!w.header_done && (end = w.header.find('\n')) != std::string::npos) {
+      auto parsed = ParseRemoteHeader(w.header.substr(0, end));
       if (parsed.ok()) {
         w.remote = *parsed;
         w.remote.worker_id = w.worker_id;
-        rest.erase(0, end + 1);
+        w.header_done = true;
         journal_due_ = true;
         spdlog::debug("slot {}: pid {} on {}, its output in {}", w.slot, w.remote.pid, w.host,
                       w.remote.dir);
+      } else {
+        out.append(w.header, 0, end + 1);
+        w.header_lines++;
       }
+      w.header.erase(0, end + 1);
     }
-    if (!rest.empty()) FeedPipe(w, stream, rest.data(), rest.size(), label);
+    if (!w.header_done && (w.header_lines >= 64 || out.size() + w.header.size() > 16384)) {
+      w.header_done = true;  // none: the worker writes to the pipes (driver/launch.h)
+    }
+    // Lines before the header are the launcher's, not counted as the worker file's bytes.
+    if (!out.empty()) out_.Feed(w.slot, stream, out.data(), out.size(), label);
+    if (w.header_done && !w.header.empty()) {
+      std::string rest = std::move(w.header);
+      w.header.clear();
+      FeedPipe(w, stream, rest.data(), rest.size(), label);
+    }
     return;
   }
   if (!w.local) w.relayed[stream] += static_cast<int64_t>(n);

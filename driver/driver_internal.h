@@ -80,7 +80,8 @@ struct Worker {
   // could not keep its output (then it does not outlive this driver).
   RemoteWorker remote;
   bool header_done = false;        // that line was read (or the stream is not a launch's)
-  std::string header;              // stderr before that line's end
+  std::string header;        // stderr of the line being read before that line
+  int header_lines = 0;      // lines of stderr before that line (the launcher's own)
   int64_t relayed[3] = {0, 0, 0};  // bytes of stdout (1) and stderr (2) passed on, remote
   bool attached = false;           // proc is an AttachScript to an adopted remote worker
   std::string exit_note;           // how it ended, when proc's own status does not say

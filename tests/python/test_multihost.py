@@ -7,6 +7,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -227,3 +228,69 @@ def test_the_token_is_on_no_command_line_with_ssh_a_spare_and_a_relaunch(
         assert token_on_a_command_line(token) == []
     finally:
         job.kill()
+
+
+def namespace_processes(hosts, name=None):
+    """The processes in the hosts' network namespaces (sshd aside), or those running the
+    program `name` (argv[0]), from /proc: the oracle for which workers run and what is left."""
+    out = []
+    for ns in hosts:
+        for pid in subprocess.run(["ip", "netns", "pids", ns], stdout=subprocess.PIPE,
+                                  text=True).stdout.split():
+            try:
+                argv0 = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0].decode()
+            except OSError:
+                continue
+            prog = os.path.basename(argv0)
+            if prog != "sshd" and not argv0.startswith("sshd:") and name in (None, prog):
+                out.append(int(pid))
+    return sorted(out)
+
+
+def test_ssh_workers_on_two_hosts_ride_out_a_killed_driver_and_are_adopted(
+        elastic_run, build_dir, hosts, sshd_hosts, tmp_path):
+    """The driver is SIGKILLed (its ssh connections go with it); the workers on both hosts
+    train on, writing to their files there, and the same command started again attaches to
+    them over ssh: the same processes finish the job with the fault-free model, every epoch's
+    line shown, and nothing is left on the hosts."""
+    addrs, key = sshd_hosts
+    example = str(build_dir / "examples" / "logistic_regression")
+    baseline_rc, baseline = run([elastic_run, "-np", "2", example, "--epochs", "6"])
+    assert baseline_rc == 0, baseline
+    final = re.search(r"final: .*$", baseline, re.M).group(0)
+    args = [elastic_run, "-np", "4", "--state-dir", str(tmp_path / "state"),
+            "--driver-timeout", "60", "--event-log", str(tmp_path / "events.jsonl"),
+            "-H", ",".join(f"{a}:2" for a in addrs), "--driver-address", f"{SUBNET}.1",
+            "--ssh-port", "2222", "--ssh-identity-file", key,
+            example, "--epochs", "6", "--step-ms", "10"]
+    first = Job(args)
+    second = None
+    try:
+        first.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=90)
+        pids = namespace_processes(hosts, "logistic_regression")
+        assert len(pids) == 4, pids
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(10)
+        time.sleep(2)  # training goes on with no driver
+        assert namespace_processes(hosts, "logistic_regression") == pids
+        second = Job(args)
+        second.wait_for(r"resuming the job in .*adopted 4 running worker", timeout=30)
+        second.wait_for(r"4 worker\(s\) re-attached", timeout=60)
+        assert namespace_processes(hosts, "logistic_regression") == pids
+        assert second.wait(timeout=120) == 0, second.text()
+    finally:
+        for job in (first, second):
+            if job:
+                job.kill()
+    assert final in second.text(), second.text()
+    shown = {int(m.group(1)) for l in first.lines + second.lines
+             for m in [re.match(r"\[0\]<stdout>:epoch (\d+) done", l)] if m}
+    assert shown == set(range(6)), (sorted(shown), first.text(), second.text())
+    evs = [json.loads(l) for l in open(tmp_path / "events.jsonl") if l.strip()]
+    resumed = [e for e in evs if e["event"] == "driver_resumed"]
+    assert len(resumed) == 1 and resumed[0]["lost"] == [], resumed
+    assert len(resumed[0]["reattached"]) == 4, resumed
+    deadline = time.monotonic() + 15
+    while namespace_processes(hosts) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert namespace_processes(hosts) == []
