@@ -166,7 +166,9 @@ def test_remote_workers_ride_out_the_outage_and_the_restarted_driver_attaches_to
     state, book, log = tmp_path / "state", str(tmp_path / "ledger"), tmp_path / "events.jsonl"
     args = command(elastic_run, example, state, book, log,
                    extra=["-H", "127.0.0.2:2", "--driver-address", "127.0.0.1",
-                          "--launcher-template", "sh -c {command}"])
+                          # A launcher that writes a line of its own first, as ssh's
+                          # warnings do: the worker's header comes after it.
+                          "--launcher-template", "echo the launcher speaks >&2; sh -c {command}"])
     first, _ = outage(marker, args, 2)
     second = None
     try:
@@ -188,6 +190,7 @@ def test_remote_workers_ride_out_the_outage_and_the_restarted_driver_attaches_to
              for m in [re.match(r"\[0\]<stdout>:epoch (\d+) done", l)] if m}
     assert shown == set(range(EPOCHS)), (sorted(shown), first.text(), second.text())
     assert "elastic-remote:" not in first.text() + second.text()  # the header is not output
+    assert "<stderr>:the launcher speaks" in first.text()
     exits = [e for e in evs if e["event"] == "worker_exited"]
     assert sorted(e["slot"] for e in exits) == ["127.0.0.2:0", "127.0.0.2:1"], exits
     assert all(e["code"] == 0 for e in exits), exits
