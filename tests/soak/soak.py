@@ -36,7 +36,8 @@ these join the mix:
                 then the same command started again: it resumes from the newest checkpoint
   kill-all      SIGKILL of every member at once: the state is lost, and the job goes on from
                 the newest checkpoint
-With --hosts local, every job keeps a --state-dir and one more fault joins:
+Every job keeps a --state-dir and one more fault joins (with --hosts netns too: remote workers
+ride out a lost driver, and the driver started again attaches to them through the launcher):
   driver-kill   SIGKILL of the driver alone; 0.2-3 s later the same command again, which must
                 adopt the running workers (no worker lost, none started again: the in-place
                 check below), the round going on without a rollback
@@ -335,8 +336,7 @@ class Soak:
         if args.checkpoints:
             self.weights.update(CHECKPOINT_WEIGHTS)
         self.weights.update(self.hosts.faults)
-        if args.hosts == "local":
-            self.weights.update(DRIVER_WEIGHTS)
+        self.weights.update(DRIVER_WEIGHTS)
         self.faults = collections.Counter()
         self.stalls = collections.defaultdict(float)  # fault kind -> longest stall after one
         self.violations = []
@@ -359,8 +359,7 @@ class Soak:
                  "--discovery-timeout", "2", "--host-failure-limit", "0",
                  "--liveness-timeout", str(LIVENESS), "--rendezvous-timeout", str(RENDEZVOUS),
                  "--grace-period", "2", "--event-log", str(j.ev.path)]
-                + (["--state-dir", str(j.folder / "state")] if self.args.hosts == "local"
-                   else [])
+                + ["--state-dir", str(j.folder / "state")]
                 + (["--checkpoint-dir", str(j.folder / "ckpt"), "--checkpoint-interval",
                     str(j.interval)] if self.args.checkpoints else [])
                 + self.hosts.launcher_args() + self.work.command(j.folder))
