@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 #include "common/process.h"
 
@@ -159,6 +160,7 @@ StatusOr<RemoteWorker> ParseRemoteHeader(const std::string& line) {
   if (std::sscanf(line.c_str() + prefix.size(), "%lld %lld %1023s%n", &pid, &group, dir, &used) !=
           3 ||
       prefix.size() + static_cast<size_t>(used) != line.size() || pid <= 1 ||
+      pid > std::numeric_limits<pid_t>::max() ||
       (group != pid && group != -pid) || dir[0] != '/') {
     return bad();
   }

@@ -295,7 +295,8 @@ TEST_CASE("A remote header is parsed only when it is one", "[unit]") {
   CHECK(w->dir == "/tmp/elastic-run.abc");
   for (const char* bad : {"elastic-remote: 1234 -1234", "elastic-remote: 1234 99 /tmp/x",
                           "elastic-remote: 1 1 /tmp/x", "elastic-remote: 12 12 tmp/x",
-                          "elastic-remote: 12 12 /tmp/x y", "hello", ""}) {
+                          "elastic-remote: 12 12 /tmp/x y", "hello", "",
+                          "elastic-remote: 4294967298 4294967298 /tmp/x"}) {
     INFO(bad);
     CHECK_FALSE(ParseRemoteHeader(bad).ok());
   }

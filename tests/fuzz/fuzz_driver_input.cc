@@ -38,5 +38,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   (void)elastic::driver::CheckTemplate(tmpl);
   (void)elastic::driver::RemoteScript("/" + host, {{"K", command}}, {command, host}, 2);
+  // A remote launch's stderr line: a header is only ever taken whole, with a sane pid, group
+  // and an absolute folder of one word.
+  auto header = elastic::driver::ParseRemoteHeader(text);
+  if (header.ok() && (header->pid <= 1 || (header->group != header->pid &&
+                                           header->group != -header->pid) ||
+                      header->dir.empty() || header->dir[0] != '/' ||
+                      header->dir.find(' ') != std::string::npos)) {
+    std::abort();
+  }
   return 0;
 }
