@@ -32,6 +32,13 @@ std::string Watcher(int grace_seconds) {
          "done; kill -KILL $0 2>/dev/null";
 }
 
+// Starts the Watcher on the launcher's stdin (fd 3) in a session of its own, as $w, and
+// closes fd 3 in the script.
+std::string StartWatcher(int grace_seconds) {
+  return "$S sh -c " + ShellQuote(Watcher(grace_seconds)) +
+         " \"$g\" \"$D\" <&3 >/dev/null 2>&1 &\nw=$!\nexec 3<&-\n";
+}
+
 // Relays the worker's output files from byte offsets (shell expressions) to this script's
 // stdout and stderr until the worker ($p) ends; $t1 and $t2 are the relays. A relay whose
 // reader is gone (the driver died) dies of SIGPIPE; the worker, writing to its files, is
@@ -98,9 +105,7 @@ std::string RemoteScript(const std::string& cwd, const std::map<std::string, std
   s += "  echo \"" + std::string(kRemoteHeader) + " $p $g $D\" >&2\n";
   s += Relays("1", "1");
   s += "fi\n";
-  s += "$S sh -c " + ShellQuote(Watcher(grace_seconds)) + " \"$g\" \"$D\" <&3 >/dev/null 2>&1 &\n";
-  s += "w=$!\n";
-  s += "exec 3<&-\n";
+  s += StartWatcher(grace_seconds);
   s += "wait $p; c=$?\n";
   s += "while kill -0 $p 2>/dev/null; do wait $p; c=$?; done\n";
   s += "if [ -n \"$D\" ]; then wait $t1; a=$?; wait $t2; b=$?; fi\n";
@@ -134,9 +139,7 @@ std::string AttachScript(const RemoteWorker& w, int64_t stdout_offset, int64_t s
   s += "S=; command -v setsid >/dev/null 2>&1 && S=setsid\n";
   s += "exec 3<&0\n";
   s += Relays(from(stdout_offset), from(stderr_offset));
-  s += "$S sh -c " + ShellQuote(Watcher(grace_seconds)) + " \"$g\" \"$D\" <&3 >/dev/null 2>&1 &\n";
-  s += "w=$!\n";
-  s += "exec 3<&-\n";
+  s += StartWatcher(grace_seconds);
   s += "trap 'kill -TERM $g 2>/dev/null' TERM INT HUP\n";
   s += "while kill -0 $p 2>/dev/null; do sleep 0.2; done\n";
   s += "wait $t1; a=$?; wait $t2; b=$?\n";

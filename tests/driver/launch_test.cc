@@ -186,7 +186,7 @@ TEST_CASE("The remote script relays the worker's output from its files and names
   unlink(r.pid_file.c_str());
 }
 
-TEST_CASE("A worker that rides out a lost driver outlives the launcher's stdin; 'stop' ends it",
+TEST_CASE("A worker that rides out a lost driver outlives the launcher's stdin, and 'stop' ends it",
           "[unit]") {
   // The program stands in for an agent that lost its driver: it makes the file and trains on.
   Remote r = StartRemote(
