@@ -758,7 +758,16 @@ void Driver::StopDumps() {
 
 void Driver::Perform() {
   for (std::vector<Action> actions; !(actions = policy_->TakeActions()).empty();) {
+    // A round proposed is journalled before the workers can hear of it: a driver killed
+    // between the two would otherwise leave a successor that takes the old round as the
+    // current one while its members already join the new one. Proposed again by the next
+    // driver (Policy::OnResumed), a round the workers never heard of costs nothing.
+    bool proposes = std::any_of(actions.begin(), actions.end(), [](const Action& a) {
+      return a.kind == Action::kProposeRound;
+    });
     journal_due_ = true;
+    if (proposes) MaybeWriteJournal();
+    journal_due_ = true;  // and again after the launches, with their pids
     for (Action& a : actions) {
       switch (a.kind) {
         case Action::kProposeRound: {

@@ -403,3 +403,151 @@ def test_a_member_sent_away_before_it_reattached_is_not_counted_lost(
     check_event_schema(log)
     _, resumed = check_ended(second, book, log, fault_free_hash, max_rollback=0)
     assert resumed["left"] == ["localhost:2"], resumed
+
+
+def test_a_driver_killed_twice_is_adopted_twice_and_the_round_goes_on(
+        elastic_run, example, fault_free_hash, tmp_path):
+    """The driver that adopted the job is SIGKILLed too: the third one adopts it from the
+    journal the second wrote (the same processes, restarts 2), and the job ends as a fault-free
+    one with no rollback."""
+    marker = f"adopt-twice-{os.getpid()}"
+    state, book, log = tmp_path / "state", str(tmp_path / "ledger"), tmp_path / "events.jsonl"
+    args = command(elastic_run, example, state, book, log)
+    first, pids = outage(marker, args, 2)
+    second = third = None
+    try:
+        time.sleep(1.0)
+        second = Job(args, env=marked_env(marker))
+        second.wait_for(r"2 worker\(s\) re-attached", timeout=30)
+        # Once the second driver has shown a line of its own workers' output, the journal it
+        # wrote is the one the third must adopt from.
+        second.wait_for(r"\[0\]<stdout>:epoch [3-9] done", timeout=60)
+        kill_driver(second)
+        time.sleep(1.0)
+        third = Job(args, env=marked_env(marker))
+        third.wait_for(r"2 worker\(s\) re-attached", timeout=30)
+        assert workers(marker) == pids, "a worker was started again"
+        assert third.wait(timeout=120) == 0, third.text()
+    finally:
+        end(marker, first, second, third)
+    assert f"hash {fault_free_hash}" in third.text(), third.text()
+    problems = ledger.check(book, SAMPLES, EPOCHS, max_rollback=0)
+    assert not problems, "\n".join(problems)
+    evs = events(log)
+    resumed = [e for e in evs if e["event"] == "driver_resumed"]
+    assert [e["restarts"] for e in resumed] == [1, 2], resumed
+    assert all(e["resumed"] and e["lost"] == [] for e in resumed), resumed
+    assert len([e for e in evs if e["event"] == "round_formed"]) == 1  # no round after either
+    assert not (state / "journal.json").exists()
+
+
+def test_a_driver_killed_during_a_rendezvous_is_adopted_and_the_round_forms(
+        elastic_run, example, fault_free_hash, tmp_path):
+    """A slot added by discovery gets a newcomer and the driver proposes a round with it; a
+    test hook holds rank 0 in a commit for 5 s, so the round is proposed but not formed when
+    the driver is SIGKILLed. The next driver proposes it again, the members and the newcomer
+    (which waited in its Join for a driver) form it, and the job ends as a fault-free one."""
+    from test_elastic import Discovery
+    marker = f"adopt-rdzv-{os.getpid()}"
+    state, book, log = tmp_path / "state", str(tmp_path / "ledger"), tmp_path / "events.jsonl"
+    disc = Discovery(tmp_path, "localhost:2")
+    args = [elastic_run, "--min-np", "1", "--max-np", "3", "--host-discovery-script",
+            str(disc.script), "--discovery-interval", "0.2", "--state-dir", str(state),
+            "--driver-timeout", "30", "--event-log", str(log), example, "--epochs",
+            str(EPOCHS), "--step-ms", "10", "--ledger", book]
+    env = marked_env(marker, ELASTIC_TEST_HOOKS="before_save@localhost:0@0@200+=sleep5000")
+    first = Job(args, env=env)
+    second = None
+    try:
+        first.wait_for(r"test hook before_save fired: sleep5000", timeout=90)
+        disc.set("localhost:3")
+        first.wait_for(r"round 1: the new worker in slot localhost:2 takes its place", timeout=30)
+        kill_driver(first)
+        pids = workers(marker)
+        assert len(pids) == 3, pids
+        time.sleep(1.0)
+        second = Job(args, env=env)
+        second.wait_for(r"round 1 was proposed but not formed when the driver before this one "
+                        r"died: proposing it again", timeout=30)
+        assert second.wait(timeout=120) == 0, second.text()
+        assert not set(pids) - set(workers(marker)) - set(pids), pids
+    finally:
+        end(marker, first, second)
+    check_event_schema(log)
+    evs, _ = check_ended(second, book, log, fault_free_hash, max_rollback=0)
+    formed = [e for e in evs if e["event"] == "round_formed"]
+    assert [e["round"] for e in formed] == [0, 1], formed
+    assert len(formed[-1]["members"]) == 3, formed
+    # Every step of the job after the rendezvous was taken by three ranks: the newcomer trained.
+    assert any(l.rank == 2 and l.size == 3 for l in ledger.read(book))
+
+
+def test_a_damaged_journal_is_refused_and_the_job_it_names_is_not_harmed(
+        elastic_run, example, fault_free_hash, tmp_path):
+    """A journal cut short (a full disk, a copy gone wrong) is refused with exit 2, naming it;
+    the workers it names go on training untouched, and once the journal is whole again the
+    same command adopts them."""
+    marker = f"adopt-damaged-{os.getpid()}"
+    state, book, log = tmp_path / "state", str(tmp_path / "ledger"), tmp_path / "events.jsonl"
+    args = command(elastic_run, example, state, book, log)
+    first, pids = outage(marker, args, 2)
+    second = None
+    journal = state / "journal.json"
+    try:
+        whole = journal.read_bytes()
+        for damaged in (whole[:len(whole) // 2], b"", b"{\"version\": \"x\"}"):
+            journal.write_bytes(damaged)
+            os.chmod(journal, 0o600)
+            rc, out = run(args, timeout=30, env=marked_env(marker))
+            assert rc == 2, out
+            assert str(journal) in out, out
+            assert journal.read_bytes() == damaged, "the refused journal was changed"
+            assert workers(marker) == pids, "a worker of the refused journal was harmed"
+        journal.write_bytes(whole)
+        second = Job(args, env=marked_env(marker))
+        second.wait_for(r"2 worker\(s\) re-attached", timeout=30)
+        assert second.wait(timeout=120) == 0, second.text()
+    finally:
+        end(marker, first, second)
+    check_ended(second, book, log, fault_free_hash, max_rollback=0)
+
+
+def test_a_process_with_a_wrong_token_or_an_unknown_slot_is_refused_by_the_adopting_driver(
+        elastic_run, example, fault_free_hash, tmp_path):
+    """While the adopting driver waits for the members to re-attach, a process that presents
+    itself as a member with a wrong job token, and one with a slot the journal does not know,
+    are refused; the real members re-attach and the job is untouched."""
+    marker = f"adopt-refuse-{os.getpid()}"
+    state, book, log = tmp_path / "state", str(tmp_path / "ledger"), tmp_path / "events.jsonl"
+    args = command(elastic_run, example, state, book, log)
+    # The members' re-open waits 3 s after the driver is back, so the impostors come first.
+    env = marked_env(marker, ELASTIC_TEST_HOOKS="watch_lost@*@*@*=sleep3000")
+    first = Job(args, env=env)
+    second = None
+    try:
+        first.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
+        pids = wait_workers(marker, 2)
+        kill_driver(first)
+        member = workers(marker, "localhost:1")[0]
+        with open(f"/proc/{member}/environ", "rb") as f:
+            member_env = dict(kv.decode().split("=", 1)
+                              for kv in f.read().split(b"\0") if b"=" in kv)
+        member_env.pop("ELASTIC_TEST_HOOKS", None)
+        second = Job(args, env=env)
+        second.wait_for(r"resuming the job in .*adopted 2 running worker", timeout=30)
+        # The same slot and worker id with a wrong token: its agent's Watch is refused and
+        # it exits 3. A slot of no round: its Join is refused, and the program gets the error.
+        impostors = [
+            (dict(member_env, ELASTIC_JOB_TOKEN="x" * 64), 3, "refused this worker's Watch"),
+            (dict(member_env, ELASTIC_SLOT="localhost:7", ELASTIC_WORKER_ID="impostor"), 1,
+             "slot localhost:7 is not a slot of this job"),
+        ]
+        for impostor_env, code, says in impostors:
+            rc, out = run([example, "--epochs", "1"], timeout=30, env=impostor_env)
+            assert rc == code and says in out, out
+        second.wait_for(r"2 worker\(s\) re-attached", timeout=30)
+        assert workers(marker) == pids
+        assert second.wait(timeout=120) == 0, second.text()
+    finally:
+        end(marker, first, second)
+    check_ended(second, book, log, fault_free_hash, max_rollback=0)
