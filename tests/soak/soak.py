@@ -38,7 +38,7 @@ these join the mix:
                 the newest checkpoint
 Every job keeps a --state-dir and one more fault joins (with --hosts netns too: remote workers
 ride out a lost driver, and the driver started again attaches to them through the launcher):
-  driver-kill   SIGKILL of the driver alone; 0.2-3 s later the same command again, which must
+  driver-kill   SIGKILL of the driver alone; 0-10 s later the same command again, which must
                 adopt the running workers (no worker lost, none started again: the in-place
                 check below), the round going on without a rollback
 
@@ -115,8 +115,9 @@ STALL = {"crash": 10.0, "silent": LIVENESS + 12.0, "network": RENDEZVOUS - 2.0,
          # start (and torch's import), the rendezvous and the checkpoint's load.
          "restart": 20.0,
          # The driver killed and started again: the workers train on meanwhile, but a
-         # membership change under way waits for the new driver and the re-attach.
-         "driver": 12.0,
+         # membership change under way waits for the new driver (up to 10 s) and the
+         # re-attach.
+         "driver": 20.0,
          # A member stopped when the driver was killed never re-attaches to the driver that
          # adopts the job: it is lost at the rendezvous timeout (docs/recovery.md, "A driver
          # that comes back"), then its peers re-form (seed 923448539, job 3: 33.5 s).
@@ -493,7 +494,7 @@ class Soak:
 
     def kill_driver(self, j, job, env, spares):
         """driver-kill: SIGKILL of the driver alone (its local workers train on without it),
-        0.2-3 s with no driver, then the same command again on the same --state-dir, which
+        0-10 s with no driver, then the same command again on the same --state-dir, which
         must adopt the running workers (driver_resumed). Returns the new Job."""
         if j.counts["driver-kill"] >= MAX_RESTARTS:
             return job
@@ -504,7 +505,7 @@ class Soak:
         os.kill(job.proc.pid, signal.SIGKILL)
         job.proc.wait(timeout=30)
         (j.folder / f"output-driver-{j.counts['driver-kill']}.txt").write_text(job.text() + "\n")
-        time.sleep(j.rng.uniform(0.2, 3.0))
+        time.sleep(j.rng.uniform(0.0, 10.0))
         j.ev.poll()
         job = Job(self.job_args(j, spares), env=env)
         resumed = wait_event(j.ev, "driver_resumed", job.proc, RENDEZVOUS + 30)
