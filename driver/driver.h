@@ -71,6 +71,12 @@ struct DriverOptions {
   // its host's link gone) is lost: a third goes to the keepalive interval, a third to its
   // timeout, a third to the grace after its Watch stream breaks.
   Duration liveness_timeout = std::chrono::seconds(6);
+  // Stragglers (driver/stragglers.h): a member whose compute per step is at least this many
+  // times its peers' median throughout a window of `straggler_window` steps (commits) is
+  // named (0: no detection). What is done then: "warn" (the only action so far) names it.
+  double straggler_factor = 1.5;
+  int straggler_window = 20;
+  std::string straggler_action = "warn";
   // One progress line this often (0: none).
   Duration progress_interval = std::chrono::seconds(30);
   int metrics_port = -1;  // -1: no metrics endpoint; 0: any free port

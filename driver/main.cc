@@ -141,6 +141,19 @@ int main(int argc, char** argv) {
   app.add_option("--blacklist-cooldown-range", cooldown,
                  "MIN MAX seconds a blacklisted host is kept out (permanent if absent)")
       ->expected(2);
+  app.add_option("--straggler-factor", o.straggler_factor,
+                 "A member whose compute per step (its time between collectives) is at least "
+                 "this many times its peers' median throughout --straggler-window steps is named "
+                 "a straggler: a warning, a `straggler` event, `elastic-run status` (1.5; 0: "
+                 "off)")
+      ->check(CLI::Range(0.0, 1000.0));
+  app.add_option("--straggler-window", o.straggler_window,
+                 "Steps (commits) a member must be slow throughout to be named a straggler "
+                 "(20): one slow step, a pause or a fault is not one")
+      ->check(CLI::Range(4, 1000000));
+  app.add_option("--straggler-action", o.straggler_action,
+                 "What is done with a straggler: warn (name it; the only action so far)")
+      ->check(CLI::IsMember({"warn"}));
   app.add_option("--hang-timeout", hang_timeout,
                  "Seconds a formed round may go without progress (a commit or a collective) "
                  "before the worker holding it up is named, its stacks dumped, and killed "
@@ -379,6 +392,10 @@ int main(int argc, char** argv) {
   o.rendezvous_timeout = secs(rendezvous_timeout);
   o.grace = secs(grace);
   if (liveness_timeout < 1.5) return fail("--liveness-timeout must be at least 1.5 s");
+  if (o.straggler_factor > 0 && o.straggler_factor <= 1) {
+    return fail("--straggler-factor must be above 1 (or 0: off); 1.5 names a member that "
+                "computes half again as long as its peers");
+  }
   o.liveness_timeout = secs(liveness_timeout);
   o.hang_timeout = secs(hang_timeout);
   o.progress_interval = secs(progress_interval);

@@ -121,6 +121,7 @@ std::string Monitor::StatusJson() const {
   j["max_np"] = view_.max_np > 0 ? json(view_.max_np) : json(nullptr);
   j["resets"] = view_.resets;
   j["failures"] = view_.failures;
+  j["stragglers"] = view_.stragglers;
   auto restarts = counters_.find("elastic_driver_restarts_total");
   j["driver_restarts"] =
       restarts == counters_.end() ? int64_t{0} : static_cast<int64_t>(restarts->second);
@@ -137,7 +138,11 @@ std::string Monitor::StatusJson() const {
                        {"samples", known(m.samples)},
                        {"seconds_since_commit", m.since_commit >= 0 ? json(m.since_commit)
                                                                     : json(nullptr)},
-                       {"steps_per_second", m.steps_per_second}});
+                       {"steps_per_second", m.steps_per_second},
+                       {"compute_seconds_per_step",
+                        m.step_compute >= 0 ? json(m.step_compute) : json(nullptr)},
+                       {"wait_seconds_per_step", m.step_wait >= 0 ? json(m.step_wait) : json(nullptr)},
+                       {"straggler", m.straggler}});
   }
   j["members"] = members;
   json black = json::array();
@@ -203,6 +208,17 @@ std::string Monitor::Prometheus() const {
   gauge("elastic_committed_samples", "Samples the newest commit has consumed.",
         static_cast<double>(std::max<int64_t>(samples, 0)));
   gauge("elastic_steps_per_second", "Commits per second of the fastest member.", rate);
+  o << "# HELP elastic_step_seconds A member's time per step in its last measured stretch, by "
+       "part: compute (between collectives) and wait (in them).\n"
+       "# TYPE elastic_step_seconds gauge\n";
+  for (const auto& m : view_.members) {
+    if (m.step_compute < 0) continue;
+    o << "elastic_step_seconds{slot=\"" << m.slot << "\",part=\"compute\"} " << m.step_compute
+      << "\nelastic_step_seconds{slot=\"" << m.slot << "\",part=\"wait\"} " << m.step_wait << "\n";
+  }
+  o << "# HELP elastic_stragglers_total Workers named stragglers.\n"
+       "# TYPE elastic_stragglers_total counter\nelastic_stragglers_total "
+    << view_.stragglers << "\n";
   if (view_.checkpoints) {
     gauge("elastic_checkpoint_version", "The version of the newest checkpoint written (-1: none).",
           static_cast<double>(view_.checkpoint_version));
@@ -384,16 +400,34 @@ int RunStatusCommand(const std::string& job_file, bool as_json) {
               s["members"].size(), s["min_np"].get<int>(),
               s["max_np"].is_null() ? "none" : Int(s["max_np"]).c_str(), s["resets"].get<int>(),
               s["failures"].get<int>());
-  std::printf("\n%4s  %-24s %-16s %8s %8s %6s %10s %12s %8s\n", "RANK", "SLOT", "HOST", "PID",
-              "STEP", "EPOCH", "CURSOR", "LAST COMMIT", "STEPS/S");
+  std::printf("\n%4s  %-24s %-16s %8s %8s %6s %10s %12s %8s %13s\n", "RANK", "SLOT", "HOST",
+              "PID", "STEP", "EPOCH", "CURSOR", "LAST COMMIT", "STEPS/S", "COMPUTE/STEP");
+  std::vector<std::string> stragglers;
   for (const auto& m : s["members"]) {
     std::string since = m["seconds_since_commit"].is_null()
                             ? "-"
                             : Fixed(m["seconds_since_commit"], 1) + " s ago";
-    std::printf("%4d  %-24s %-16s %8s %8s %6s %10s %12s %8s\n", m["rank"].get<int>(),
+    const bool straggler = m.value("straggler", false);
+    std::string compute = m.contains("compute_seconds_per_step") &&
+                                  m["compute_seconds_per_step"].is_number()
+                              ? Fixed(m["compute_seconds_per_step"], 4) + " s"
+                              : "-";
+    if (straggler) {
+      compute += "*";
+      stragglers.push_back(m["slot"].get<std::string>());
+    }
+    std::printf("%4d  %-24s %-16s %8s %8s %6s %10s %12s %8s %13s\n", m["rank"].get<int>(),
                 m["slot"].get<std::string>().c_str(), m["host"].get<std::string>().c_str(),
                 Int(m["pid"]).c_str(), Int(m["step"]).c_str(), Int(m["epoch"]).c_str(),
-                Int(m["cursor"]).c_str(), since.c_str(), Fixed(m["steps_per_second"], 1).c_str());
+                Int(m["cursor"]).c_str(), since.c_str(), Fixed(m["steps_per_second"], 1).c_str(),
+                compute.c_str());
+  }
+  if (!stragglers.empty()) {
+    std::string names;
+    for (const auto& slot : stragglers) names += (names.empty() ? "" : " ") + slot;
+    std::printf("\n* straggler(s) now: %s (their peers wait for them; docs/recovery.md, "
+                "\"Stragglers\")\n",
+                names.c_str());
   }
   for (const auto& [key, title] :
        {std::pair<const char*, const char*>{"spares", "warm spares (waiting for a place)"},

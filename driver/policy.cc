@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "driver/plan.h"
+#include "driver/stragglers.h"
 
 namespace elastic::driver {
 
@@ -452,6 +453,8 @@ void Policy::OnLaunched(const std::string& slot, int64_t pid) {
   auto it = s_.workers.find(slot);
   if (it == s_.workers.end()) return;
   it->second.pid = pid;
+  ResetStragglerWindow(it->second);
+  it->second.straggler = false;
   Event("worker_started", {{"slot", slot}, {"pid", pid}, {"spare", it->second.spare}});
 }
 
@@ -870,6 +873,7 @@ void Policy::OnReport(const rendezvous::Report& r) {
         }
       }
       w.commit_at = Now();
+      WatchStraggler(w, r);
       // One line per worker and round (its first commit there); later commits only update
       // what the driver knows of the worker.
       if (w.logged_round != r.round) {
@@ -899,6 +903,50 @@ void Policy::OnReport(const rendezvous::Report& r) {
         Replan("the state was handed over");
       }
       break;
+  }
+}
+
+void Policy::WatchStraggler(Worker& w, const rendezvous::Report& r) {
+  if (d_.straggler_factor <= 0 || r.round != s_.formed || !IsMember(r.slot) || s_.finishing ||
+      s_.shutting_down) {
+    return;
+  }
+  if (!ObserveCommit(w, r, d_.straggler_window)) return;
+  std::vector<double> peers;
+  for (const auto& slot : s_.formed_members) {
+    const Worker& p = s_.workers.at(slot);
+    if (slot != r.slot && p.window_round == s_.formed && p.step_compute >= 0) {
+      peers.push_back(p.step_compute);
+    }
+  }
+  std::optional<StragglerVerdict> v = JudgeStraggler(w, peers, d_.straggler_factor);
+  if (!v) return;
+  int changed = ApplyVerdict(w, *v);
+  if (changed == 0) return;
+  JsonFields fields = {{"slot", r.slot},
+                       {"rank", int64_t{w.rank}},
+                       {"host", w.host},
+                       {"compute_seconds", v->compute},
+                       {"wait_seconds", v->wait},
+                       {"median_seconds", v->median},
+                       {"ratio", v->ratio},
+                       {"window", int64_t{d_.straggler_window}}};
+  if (changed > 0) {
+    ++s_.stragglers;
+    fields.emplace_back("action", d_.straggler_action);
+    Log(Action::kWarn,
+        fmt::format("worker {} (slot {}, host {}) is a straggler: it computes {:.4f} s a step "
+                    "against its peers' median of {:.4f} s ({:.2f}x, throughout the last {} "
+                    "steps), and its peers wait for it; --straggler-action {}: named only",
+                    w.rank, r.slot, w.host, v->compute, v->median, v->ratio,
+                    d_.straggler_window, d_.straggler_action));
+    Event("straggler", std::move(fields));
+  } else {
+    Log(Action::kInfo,
+        fmt::format("worker {} (slot {}) is no longer a straggler: {:.4f} s of compute a step "
+                    "against its peers' median of {:.4f} s ({:.2f}x)",
+                    w.rank, r.slot, v->compute, v->median, v->ratio));
+    Event("straggler_cleared", std::move(fields));
   }
 }
 
@@ -1437,6 +1485,7 @@ JobView Policy::View() const {
   v.max_np = d_.max_np;
   v.resets = s_.resets;
   v.failures = s_.failures;
+  v.stragglers = s_.stragglers;
   if (s_.recovery_start != TimePoint{}) v.since_recovery = Secs(now - s_.recovery_start);
   v.checkpoints = !d_.checkpoint_dir.empty();
   v.checkpoint_version = s_.checkpoint_version;
@@ -1465,6 +1514,11 @@ JobView Policy::View() const {
     m.epoch_size = w.epoch_size;
     if (w.commit_at != TimePoint{}) m.since_commit = Secs(now - w.commit_at);
     m.steps_per_second = w.rate;
+    if (w.window_round == s_.formed) {
+      m.step_compute = w.step_compute;
+      m.step_wait = w.step_wait;
+    }
+    m.straggler = w.straggler;
     v.members.push_back(m);
   }
   for (const auto& [host, until] : hosts_.Blacklist()) {

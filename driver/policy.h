@@ -71,6 +71,10 @@ struct MemberView {
   int64_t pid = 0, step = -1, epoch = -1, cursor = -1, samples = -1, epoch_size = -1;
   double since_commit = -1;  // seconds since its newest commit report; -1: none yet
   double steps_per_second = 0;
+  // Its compute and wait per step in its last sub-window of this round (-1: none yet), and
+  // whether it is named a straggler (driver/stragglers.h).
+  double step_compute = -1, step_wait = -1;
+  bool straggler = false;
 };
 struct JobView {
   std::string phase;  // starting, training, changing, waiting, finishing, stopping
@@ -82,6 +86,7 @@ struct JobView {
   // Started for a place the job re-forms to give them once they are ready: slot, pid.
   std::vector<std::pair<std::string, int64_t>> newcomers;
   int resets = 0, failures = 0;
+  int64_t stragglers = 0;  // named over the job
   double since_recovery = -1;  // seconds since the last recovery began; -1: none
   // --checkpoint-dir: the newest checkpoint written (version -1: none yet), how long its write
   // took, failed writes, and the last failure's message ("" once one succeeds again).
@@ -163,6 +168,9 @@ class Policy {
   std::vector<std::string> LostFormedMembers() const;
   // The worker_hung event for `w`, with `why`.
   void HungEvent(const Worker& w, const std::string& why);
+  // A member's commit report, for straggler detection (driver/stragglers.h): names it (a
+  // `straggler` event) or clears the name (`straggler_cleared`).
+  void WatchStraggler(Worker& w, const rendezvous::Report& r);
   // When every member of the formed round has reported a failure of its own there (the same
   // error in user code on every rank), the job ends with exit 1 and the first one's message
   // instead of waiting for hosts: relaunching would fail the same way. Not when the user gave

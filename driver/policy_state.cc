@@ -152,7 +152,8 @@ struct Reader {
   X(rank) X(pid) X(step) X(version) X(commit_at) X(logged_round) X(heard_at) X(launched_at)   \
   X(moved_at) X(heard_round) X(collectives) X(in_collective) X(stack_signal) X(epoch)         \
   X(cursor) X(samples) X(epoch_size) X(rate) X(failed_round) X(failure) X(exit_hung)          \
-  X(start_failed)
+  X(start_failed) X(window_round) X(window_step) X(window_compute) X(window_wait)              \
+  X(step_compute) X(step_wait) X(slow_windows) X(fast_windows) X(straggler)
 #define POLICY_FIELDS(X)                                                                        \
   X(hosts) X(workers) X(members) X(round) X(formed) X(formed_members) X(failure_order) X(kept) \
   X(aborted) X(withdrawn) X(incident_round) X(resets) X(failures) X(spare_failures)             \
@@ -161,7 +162,7 @@ struct Reader {
   X(final_message) X(kill_at) X(wait_until) X(recovery_start) X(recovering) X(round_broken)     \
   X(first_commit_logged) X(started) X(restore_round) X(lost_committed) X(lost_round)             \
   X(checkpoint_version) X(checkpoint_step) X(checkpoint_failures) X(checkpoint_seconds) X(checkpoint_path)            \
-  X(checkpoint_error) X(last_listed) X(last_listed_order)
+  X(checkpoint_error) X(last_listed) X(last_listed_order) X(stragglers)
 
 // Writer::Put and Reader::Get of `Type`, from its field list.
 #define PUT_FIELD(name) out[#name] = Put(v.name);

@@ -62,6 +62,15 @@ struct WorkerState {
   // Its process exited with a code of its own (1-127, not a signal) before it was ever heard
   // from: the program failed before it could connect (an import error, a bad argument).
   bool start_failed = false;
+  // Straggler detection (driver/stragglers.h): where its current sub-window began (round,
+  // step, and its compute and wait sums then; round -1: none), its compute and wait per
+  // step in the last sub-window closed (-1: none in this round), the streaks of slow and fast
+  // sub-windows, and whether it is named a straggler now.
+  int64_t window_round = -1, window_step = -1;
+  double window_compute = 0, window_wait = 0;
+  double step_compute = -1, step_wait = -1;
+  int slow_windows = 0, fast_windows = 0;
+  bool straggler = false;
 };
 
 struct PolicyState {
@@ -107,6 +116,7 @@ struct PolicyState {
   std::string checkpoint_path, checkpoint_error;
   std::vector<discovery::HostSlots> last_listed;
   std::vector<std::string> last_listed_order;
+  int64_t stragglers = 0;  // workers named stragglers, over the job
 };
 
 // The state as one JSON object. Time points are saved as offsets from `now` (the steady clock

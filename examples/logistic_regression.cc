@@ -9,10 +9,14 @@
 //
 // Options: --samples N (4096)  --features D (16)  --epochs E (5)  --global-batch G (48)
 //          --lr X (0.5)  --commit-every K (4)  --step-ms MS (0)  --ledger PREFIX (none)
-//          --leave-exit CODE (0)
+//          --leave-exit CODE (0)  --work-ms MS (0)
+// --step-ms sleeps MS per step (time, not CPU); --work-ms computes for MS of this thread's CPU
+// time per step, so that a worker whose CPU is throttled (a cgroup quota) is slower than its
+// peers, as a straggler is (tests/python/test_stragglers.py).
 // SIGUSR1 makes a worker leave the job gracefully at its next step: it tells the driver
 // (LEAVING) and exits with --leave-exit's code (a negative code: it waits to be killed).
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -37,9 +41,27 @@ struct Options {
   double lr = 0.5;
   int commit_every = 4;
   int step_ms = 0;
+  int work_ms = 0;
   std::string ledger;
   int leave_exit = 0;
 };
+
+// Computes for `ms` milliseconds of this thread's CPU time (the result is kept from the
+// optimiser by a volatile sink).
+void Work(int ms) {
+  auto cpu = [] {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) / 1e6;
+  };
+  static volatile double sink = 0;
+  const double until = cpu() + ms;
+  double x = 1.0;
+  while (cpu() < until) {
+    for (int i = 0; i < 20000; ++i) x = x * 1.0000001 + 1e-9;
+  }
+  sink = sink + x;
+}
 
 Options Parse(int argc, char** argv) {
   Options o;
@@ -59,6 +81,8 @@ Options Parse(int argc, char** argv) {
       o.commit_every = std::atoi(v.c_str());
     else if (k == "--step-ms")
       o.step_ms = std::atoi(v.c_str());
+    else if (k == "--work-ms")
+      o.work_ms = std::atoi(v.c_str());
     else if (k == "--ledger")
       o.ledger = v;
     else if (k == "--leave-exit")
@@ -68,7 +92,8 @@ Options Parse(int argc, char** argv) {
       std::exit(2);
     }
   }
-  if (o.samples < 1 || o.features < 1 || o.global_batch < 1 || o.commit_every < 1) {
+  if (o.samples < 1 || o.features < 1 || o.global_batch < 1 || o.commit_every < 1 ||
+      o.step_ms < 0 || o.work_ms < 0) {
     std::fprintf(stderr, "options must be positive\n");
     std::exit(2);
   }
@@ -207,6 +232,7 @@ int main(int argc, char** argv) {
       for (int j = 0; j <= D; ++j) model[j] -= o.lr * (sums[j] / kFixed) / count;
       ++step;
       if (o.step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.step_ms));
+      if (o.work_ms > 0) Work(o.work_ms);
       if (step % o.commit_every == 0 || sampler.EpochDone()) state.Commit();
     }
   });

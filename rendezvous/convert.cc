@@ -57,6 +57,8 @@ void ToProto(const Report& r, v1::ReportRequest* out) {
   out->set_stack_signal(r.stack_signal);
   out->set_epoch_size(r.epoch_size);
   out->set_since_collective(r.since_collective);
+  out->set_compute_seconds(r.compute_seconds);
+  out->set_wait_seconds(r.wait_seconds);
   out->set_seconds(r.seconds);
 }
 
@@ -79,6 +81,8 @@ bool FromProto(const v1::ReportRequest& r, Report* out) {
   out->stack_signal = r.stack_signal();
   out->epoch_size = r.epoch_size();
   out->since_collective = r.since_collective();
+  out->compute_seconds = r.compute_seconds();
+  out->wait_seconds = r.wait_seconds();
   out->seconds = r.seconds();
   return true;
 }

@@ -88,6 +88,10 @@ struct Report {
   int64_t epoch_size = -1;     // kCommitted: samples in an epoch; -1 when unknown
   double since_collective = -1;  // every kind: seconds since it last started a collective
   double seconds = 0;            // kCheckpointed: how long the write took
+  // Every kind: seconds this rank spent between collectives (computing) and in them, in the
+  // current round (its host-side communicator); 0 when it measures none.
+  double compute_seconds = 0;
+  double wait_seconds = 0;
 };
 
 // Ranks, local and cross ranks (by host, in rank order) for `members` in rank order; every

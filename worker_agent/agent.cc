@@ -596,6 +596,8 @@ Status Agent::SendReport(rendezvous::Report r) {
       TimePoint last = comm_->last_collective_start();
       r.collectives = static_cast<int64_t>(comm_->collectives_started());
       r.in_collective = comm_->in_collective();
+      r.compute_seconds = comm_->compute_seconds();
+      r.wait_seconds = comm_->wait_seconds();
       if (nccl_ && nccl_round_ == comm_round_) {
         r.collectives += static_cast<int64_t>(nccl_->collectives_started());
         r.in_collective = r.in_collective || nccl_->in_collective();

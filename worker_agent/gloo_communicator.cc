@@ -1105,15 +1105,24 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(RoundStore*
 // (until this goes out of scope).
 class GlooCommunicator::Running {
  public:
-  explicit Running(GlooCommunicator* c) : c_(c) {
+  explicit Running(GlooCommunicator* c)
+      : c_(c), start_(SteadyClock::now().time_since_epoch().count()) {
     c_->started_.fetch_add(1);
-    c_->last_start_.store(SteadyClock::now().time_since_epoch().count());
+    c_->last_start_.store(start_);
+    Duration::rep end = c_->last_end_.load();
+    if (end != 0) c_->compute_.fetch_add(start_ - end);
     c_->running_.store(true);
   }
-  ~Running() { c_->running_.store(false); }
+  ~Running() {
+    Duration::rep now = SteadyClock::now().time_since_epoch().count();
+    c_->wait_.fetch_add(now - start_);
+    c_->last_end_.store(now);
+    c_->running_.store(false);
+  }
 
  private:
   GlooCommunicator* c_;
+  Duration::rep start_;
 };
 
 void GlooCommunicator::Guard(const char* what, std::function<void()> fn, Duration grace) {

@@ -137,6 +137,12 @@ class GlooCommunicator : public Communicator {
   TimePoint last_collective_start() const {
     return TimePoint(Duration(last_start_.load()));
   }
+  // For the driver's straggler detection (thread-safe; docs/recovery.md, "Stragglers"): the
+  // time this rank spent between collectives (its own work: compute) and in them (the
+  // collective itself, and waiting there for its peers), over this communicator's life,
+  // counted from the end of its first collective.
+  double compute_seconds() const { return Seconds(compute_.load()); }
+  double wait_seconds() const { return Seconds(wait_.load()); }
 
  private:
   struct Executor;
@@ -213,6 +219,11 @@ class GlooCommunicator : public Communicator {
   std::atomic<uint64_t> started_{0};
   std::atomic<bool> running_{false};
   std::atomic<Duration::rep> last_start_{0};
+  std::atomic<Duration::rep> last_end_{0};  // when the last collective ended (0: none has)
+  std::atomic<Duration::rep> compute_{0}, wait_{0};
+  static double Seconds(Duration::rep d) {
+    return std::chrono::duration<double>(Duration(d)).count();
+  }
   // The hierarchical allreduce; set while connecting, under abort_mu_.
   std::unique_ptr<ShmGroup> shm_;               // when this host has several ranks
   std::unique_ptr<GlooCommunicator> cross_;     // local rank 0, when there are several hosts

@@ -156,6 +156,15 @@ class Sim {
         r.cursor = r.step % 10;
         r.samples = r.step * 8;
         r.epoch_size = 80;
+        // The compute and wait sums its agent sends: the slots of index 1 compute three
+        // times as long as the others (stragglers to name, and to clear when a round
+        // without them forms), with some noise.
+        auto& [compute, wait] = sums_[slot];
+        bool slow = slot.size() > 2 && slot.compare(slot.size() - 2, 2, ":1") == 0;
+        compute += (slow ? 0.03 : 0.01) * Uniform(90, 110) / 100.0;
+        wait += 0.001 * Uniform(1, 20);
+        r.compute_seconds = compute;
+        r.wait_seconds = wait;
       } else if (kind < 85) {
         r.kind = ReportKind::kHeartbeat;
         r.collectives = Uniform(0, 50);
@@ -289,6 +298,7 @@ class Sim {
   std::unique_ptr<Policy> a_, b_;
   std::vector<std::string> launches_;
   std::map<std::string, int64_t> versions_;
+  std::map<std::string, std::pair<double, double>> sums_;
   int64_t newest_ = 0;
   int64_t pid_ = 1000;
   size_t saved_bytes_ = 0;
@@ -333,6 +343,7 @@ TEST_CASE("a policy restored from its saved state decides as the original", "[po
       d.min_np = 2;
       d.elastic = true;
     }
+    d.straggler_window = 4;  // a sub-window a commit: rounds here are short
     Sim sim(seed, d);
     sim.Start({{"h1", 2}, {"h2", 1}});
     const int events = 400;
@@ -425,6 +436,15 @@ TEST_CASE("every field of the state survives a save and a load", "[policy_state]
   w.failure = "ValueError";
   w.exit_hung = true;
   w.start_failed = true;
+  w.window_round = 11;
+  w.window_step = 70;
+  w.window_compute = 2.5;
+  w.window_wait = 1.25;
+  w.step_compute = 0.03;
+  w.step_wait = 0.01;
+  w.slow_windows = 3;
+  w.fast_windows = 1;
+  w.straggler = true;
 
   discovery::HostTable table(discovery::HostTableOptions{nullptr, 1, std::chrono::seconds(1),
                                                          std::chrono::seconds(2), 99});
@@ -482,6 +502,7 @@ TEST_CASE("every field of the state survives a save and a load", "[policy_state]
   s.checkpoint_error = "disk full";
   s.last_listed = {{"h2", 3}};
   s.last_listed_order = {"h2"};
+  s.stragglers = 4;
 
   // Loaded an hour later on another clock: times keep their distance from now.
   TimePoint later = now + std::chrono::hours(1);
@@ -518,6 +539,15 @@ TEST_CASE("every field of the state survives a save and a load", "[policy_state]
   CHECK(x.samples == w.samples);
   CHECK(x.epoch_size == w.epoch_size);
   CHECK(x.rate == w.rate);
+  CHECK(x.window_round == w.window_round);
+  CHECK(x.window_step == w.window_step);
+  CHECK(x.window_compute == w.window_compute);
+  CHECK(x.window_wait == w.window_wait);
+  CHECK(x.step_compute == w.step_compute);
+  CHECK(x.step_wait == w.step_wait);
+  CHECK(x.slow_windows == w.slow_windows);
+  CHECK(x.fast_windows == w.fast_windows);
+  CHECK(x.straggler == w.straggler);
   CHECK(x.failed_round == w.failed_round);
   CHECK(x.failure == w.failure);
   CHECK(x.exit_hung == w.exit_hung);
@@ -576,6 +606,7 @@ TEST_CASE("every field of the state survives a save and a load", "[policy_state]
   CHECK(l.checkpoint_error == s.checkpoint_error);
   CHECK(l.last_listed == s.last_listed);
   CHECK(l.last_listed_order == s.last_listed_order);
+  CHECK(l.stragglers == s.stragglers);
 }
 
 TEST_CASE("a damaged saved state is refused with the field it is about", "[policy_state]") {

@@ -1592,3 +1592,145 @@ TEST_CASE("policy: a round proposed but not formed when the driver died is propo
 
 }  // namespace
 }  // namespace elastic::driver
+
+namespace elastic::driver {
+namespace {
+
+// Commits steps [from, to) of round 0 on every member, with the compute and wait sums each
+// worker's agent would send: member i computes compute(i, step) seconds a step, and every
+// step takes as long as the slowest member's (the others wait in the collective).
+struct Sums {
+  std::map<std::string, std::pair<double, double>> by_slot;
+};
+std::vector<Action> Steps(Job& job, Sums& sums, const std::vector<std::string>& members,
+                          int64_t from, int64_t to,
+                          const std::function<double(size_t, int64_t)>& compute) {
+  std::vector<Action> out;
+  for (int64_t step = from; step < to; ++step) {
+    double longest = 0;
+    for (size_t i = 0; i < members.size(); ++i) longest = std::max(longest, compute(i, step));
+    for (size_t i = 0; i < members.size(); ++i) {
+      auto& [c, w] = sums.by_slot[members[i]];
+      c += compute(i, step);
+      w += longest - compute(i, step) + 0.001;
+      rendezvous::Report r;
+      r.slot = members[i];
+      r.kind = rendezvous::ReportKind::kCommitted;
+      r.round = 0;
+      r.step = r.version = step + 1;
+      r.compute_seconds = c;
+      r.wait_seconds = w;
+      job.policy->OnReport(r);
+    }
+    job.clock.Advance(std::chrono::milliseconds(static_cast<int64_t>(longest * 1000) + 1));
+    std::vector<Action> a = job.Take();
+    out.insert(out.end(), a.begin(), a.end());
+  }
+  return out;
+}
+
+const std::vector<std::string> kFour = {"h:0", "h:1", "h:2", "h:3"};
+
+TEST_CASE("policy: a member slower than its peers throughout the window is named a straggler, "
+          "once, and cleared when it is back",
+          "[unit]") {
+  Job job(Static({{"h", 4}}, 4, 4));
+  job.StartFormed({{"h", 4}}, kFour);
+  job.Take();
+  Sums sums;
+  auto slow2 = [](size_t i, int64_t) { return i == 2 ? 0.02 : 0.01; };
+  // The first report anchors each window: 5 sub-windows of 5 steps, then 4 slow in a row.
+  auto a = Steps(job, sums, kFour, 0, 20, slow2);
+  CHECK(Events(a, "straggler").empty());
+  a = Steps(job, sums, kFour, 20, 21, slow2);
+  auto named = Events(a, "straggler");
+  REQUIRE(named.size() == 1);
+  const JsonFields& f = named[0]->fields;
+  auto field = [&](const std::string& k) {
+    for (const auto& [name, v] : f) {
+      if (name == k) return v;
+    }
+    FAIL("no field " << k);
+    return JsonValue();
+  };
+  CHECK(std::get<std::string>(field("slot")) == "h:2");
+  CHECK(std::get<int64_t>(field("rank")) == 2);
+  CHECK(std::get<double>(field("compute_seconds")) == Approx(0.02));
+  CHECK(std::get<double>(field("median_seconds")) == Approx(0.01));
+  CHECK(std::get<double>(field("ratio")) == Approx(2.0));
+  CHECK(std::get<std::string>(field("action")) == "warn");
+  CHECK(job.policy->state().stragglers == 1);
+  JobView view = job.policy->View();
+  CHECK(view.stragglers == 1);
+  CHECK(view.members[2].straggler);
+  CHECK(view.members[2].step_compute == Approx(0.02));
+  CHECK_FALSE(view.members[1].straggler);
+  // Named once while it stays slow; cleared after four sub-windows back at speed.
+  a = Steps(job, sums, kFour, 21, 60, slow2);
+  CHECK(Events(a, "straggler").empty());
+  a = Steps(job, sums, kFour, 60, 85, [](size_t, int64_t) { return 0.01; });
+  CHECK(Events(a, "straggler_cleared").size() == 1);
+  CHECK_FALSE(job.policy->View().members[2].straggler);
+  CHECK(job.policy->state().stragglers == 1);
+}
+
+TEST_CASE("policy: a slow step, a pause or rank 0's occasional extra work names no straggler",
+          "[unit]") {
+  Job job(Static({{"h", 4}}, 4, 4));
+  job.StartFormed({{"h", 4}}, kFour);
+  job.Take();
+  Sums sums;
+  auto a = Steps(job, sums, kFour, 0, 400, [](size_t i, int64_t step) {
+    if (i == 1 && step == 37) return 0.5;          // one step 50x as long (a hiccup)
+    if (i == 3 && step == 120) return 4.0;         // a pause of 4 s (stopped, then continued)
+    if (i == 0 && step % 10 == 0) return 0.05;     // rank 0's extra work every 10 steps
+    if (i == 2 && step >= 200 && step < 212) return 0.03;  // slow for less than the window
+    return 0.01;
+  });
+  CHECK(Events(a, "straggler").empty());
+  CHECK(job.policy->state().stragglers == 0);
+}
+
+TEST_CASE("policy: a policy restored mid-window names the straggler at the same step",
+          "[unit]") {
+  // Three of the four slow sub-windows seen, then the state saved and loaded (the journal of
+  // a driver that dies): the restored policy names it at the same commit as the original.
+  Job a(Static({{"h", 4}}, 4, 4));
+  a.StartFormed({{"h", 4}}, kFour);
+  a.Take();
+  Sums sums;
+  auto slow2 = [](size_t i, int64_t) { return i == 2 ? 0.02 : 0.01; };
+  CHECK(Events(Steps(a, sums, kFour, 0, 16, slow2), "straggler").empty());
+  Job b(Static({{"h", 4}}, 4, 4));
+  auto loaded = LoadPolicyState(SavePolicyState(a.policy->state(), a.clock.Now()), b.clock.Now());
+  REQUIRE(loaded.ok());
+  PolicyOptions o;
+  o.driver = Static({{"h", 4}}, 4, 4);
+  o.clock = &b.clock;
+  o.seed = 7;
+  auto restored = Policy::Restore(o, *loaded);
+  REQUIRE(restored.ok());
+  b.policy = std::move(restored).value();
+  Sums copy = sums;
+  for (int64_t step = 16; step < 22; ++step) {
+    INFO(step);
+    auto in_a = Events(Steps(a, sums, kFour, step, step + 1, slow2), "straggler").size();
+    auto in_b = Events(Steps(b, copy, kFour, step, step + 1, slow2), "straggler").size();
+    CHECK(in_a == in_b);
+    CHECK(in_a == (step == 20 ? 1u : 0u));
+  }
+}
+
+TEST_CASE("policy: --straggler-factor 0 names no straggler", "[unit]") {
+  DriverOptions d = Static({{"h", 4}}, 4, 4);
+  d.straggler_factor = 0;
+  Job job(d);
+  job.StartFormed({{"h", 4}}, kFour);
+  job.Take();
+  Sums sums;
+  auto a = Steps(job, sums, kFour, 0, 100, [](size_t i, int64_t) { return i == 2 ? 0.05 : 0.01; });
+  CHECK(Events(a, "straggler").empty());
+}
+
+}  // namespace
+}  // namespace elastic::driver

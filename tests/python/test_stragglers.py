@@ -1,0 +1,157 @@
+"""Stragglers (docs/recovery.md "Stragglers"): a worker whose CPU is throttled by a cgroup
+quota mid-training, one of four, is named (a `straggler` event, a warning, `elastic-run
+status`, /metrics) and nothing else changes: the job ends with the fault-free model and every
+sample once. The straggler is made from outside the product, as a slow machine would be: the
+example computes a fixed amount of CPU time a step (--work-ms), and the test moves one worker
+into a cgroup with a quarter of a CPU. The oracles are the workers' ledgers and the model's
+hash; the event is what is checked of the driver."""
+import json
+import os
+import re
+import time
+import urllib.request
+
+import pytest
+
+from helpers import Job, run
+import ledger
+from test_elastic import check_event_schema, events, wait_event
+
+EPOCHS = 14
+SAMPLES = 4096
+CGROUP_V1 = "/sys/fs/cgroup/cpu"
+CGROUP_V2 = "/sys/fs/cgroup"
+
+
+class Throttle:
+    """A cgroup holding processes to `share` of one CPU: v1's cpu.cfs_quota_us, else v2's
+    cpu.max. Removed (its processes back in the root group) at the end."""
+
+    def __init__(self, name, share):
+        self.path = None
+        period = 100000
+        quota = int(period * share)
+        v1 = os.path.join(CGROUP_V1, "cpu.cfs_quota_us")
+        v2 = os.path.join(CGROUP_V2, "cgroup.controllers")
+        try:
+            if os.path.exists(v1):
+                self.root = CGROUP_V1
+                self.path = os.path.join(CGROUP_V1, name)
+                os.makedirs(self.path, exist_ok=True)
+                self._write("cpu.cfs_period_us", str(period))
+                self._write("cpu.cfs_quota_us", str(quota))
+            elif os.path.exists(v2) and "cpu" in open(v2).read().split():
+                self.root = CGROUP_V2
+                self.path = os.path.join(CGROUP_V2, name)
+                os.makedirs(self.path, exist_ok=True)
+                self._write("cpu.max", f"{quota} {period}")
+        except OSError as e:
+            self.close()
+            pytest.skip(f"cannot make a CPU cgroup here ({e}): needs root")
+        if self.path is None:
+            pytest.skip("no cgroup CPU controller here")
+
+    def _write(self, name, text):
+        with open(os.path.join(self.path, name), "w") as f:
+            f.write(text)
+
+    def add(self, pid):
+        self._write("cgroup.procs", str(pid))
+
+    def close(self):
+        if not self.path or not os.path.isdir(self.path):
+            return
+        try:
+            with open(os.path.join(self.path, "cgroup.procs")) as f:
+                pids = [p for p in f.read().split() if p]
+            for pid in pids:
+                try:
+                    with open(os.path.join(self.root, "cgroup.procs"), "w") as f:
+                        f.write(pid)
+                except OSError:
+                    pass  # gone meanwhile
+            os.rmdir(self.path)
+        except OSError:
+            pass
+
+
+@pytest.fixture(scope="module")
+def example(build_dir):
+    return str(build_dir / "examples" / "logistic_regression")
+
+
+@pytest.fixture(scope="module")
+def fault_free_hash(elastic_run, example):
+    rc, out = run([elastic_run, "-np", "2", example, "--epochs", str(EPOCHS)])
+    assert rc == 0, out
+    return ledger.final_hash(out)
+
+
+def pid_of(log, slot):
+    e = wait_event(log, lambda e: e["event"] == "worker_started" and e["slot"] == slot)
+    return e["pid"]
+
+
+def test_a_throttled_worker_is_named_a_straggler_and_the_job_is_untouched(
+        elastic_run, example, fault_free_hash, tmp_path):
+    log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
+    job_file = str(tmp_path / "job.json")
+    throttle = Throttle(f"elastic-straggler-{os.getpid()}", 0.25)
+    job = Job([elastic_run, "-np", "4", "--event-log", log, "--job-file", job_file,
+               "--metrics-port", "0", example, "--epochs", str(EPOCHS), "--work-ms", "3",
+               "--ledger", book])
+    try:
+        job.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
+        # Not named while all four run at the same speed.
+        assert not [e for e in events(log) if e["event"] == "straggler"], job.text()
+        throttled_at = time.time()
+        throttle.add(pid_of(log, "localhost:2"))
+        named = wait_event(log, lambda e: e["event"] == "straggler", timeout=60)
+        # Named within the window: 20 commits, at most a few seconds at the throttled pace.
+        assert named["ts"] - throttled_at < 20, (named, throttled_at)
+        assert named["slot"] == "localhost:2" and named["rank"] == 2, named
+        assert named["ratio"] >= 1.5 and named["compute_seconds"] > named["median_seconds"]
+        assert named["action"] == "warn" and named["window"] == 20, named
+        job.wait_for(r"worker 2 \(slot localhost:2, host localhost\) is a straggler", timeout=10)
+        # elastic-run status and /metrics show it while the job runs (at the throttled
+        # pace, for several seconds more).
+        rc, out = run([elastic_run, "status", "--job-file", job_file, "--json"], timeout=30)
+        assert rc == 0, out
+        status = json.loads(out)
+        assert status["stragglers"] == 1, status
+        flagged = [m["slot"] for m in status["members"] if m["straggler"]]
+        assert flagged == ["localhost:2"], status
+        slow = [m for m in status["members"] if m["slot"] == "localhost:2"][0]
+        assert slow["compute_seconds_per_step"] > 0, status
+        rc, out = run([elastic_run, "status", "--job-file", job_file], timeout=30)
+        assert rc == 0 and "straggler(s) now: localhost:2" in out, out
+        port = int(job.wait_for(r"metrics on http://[^:]+:(\d+)/metrics", timeout=10)[0]
+                   .group(1))
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        text = text.decode()
+        assert "elastic_stragglers_total 1" in text, text
+        assert re.search(r'elastic_step_seconds\{slot="localhost:2",part="compute"\} [0-9.e-]+',
+                         text), text
+        assert job.wait(timeout=240) == 0, job.text()
+    finally:
+        job.kill()
+        throttle.close()
+    assert f"hash {fault_free_hash}" in job.text(), job.text()
+    problems = ledger.check(book, SAMPLES, EPOCHS, max_rollback=0)
+    assert not problems, "\n".join(problems)
+    check_event_schema(log)
+    evs = events(log)
+    assert len([e for e in evs if e["event"] == "straggler"]) == 1, evs
+    assert len([e for e in evs if e["event"] == "round_formed"]) == 1  # nothing else changed
+
+
+def test_equal_workers_name_no_straggler(elastic_run, example, fault_free_hash, tmp_path):
+    """Four workers on two cores, one of them rank 0 with its extra work (printing, the
+    final loss): none is named."""
+    log = str(tmp_path / "events.jsonl")
+    rc, out = run([elastic_run, "-np", "4", "--event-log", log, example, "--epochs",
+                   str(EPOCHS), "--work-ms", "2"], timeout=240)
+    assert rc == 0, out
+    assert f"hash {fault_free_hash}" in out
+    assert not [e for e in events(log) if e["event"] in ("straggler", "straggler_cleared")]
+    assert "straggler" not in out
