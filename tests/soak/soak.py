@@ -58,6 +58,7 @@ consume every sample once (a step trained again by a later run supersedes the ea
 
     tests/soak/soak.py --minutes 2                 # a fresh seed, printed at the start
     tests/soak/soak.py --minutes 30 --seed 1234    # replay a seed's fault schedule
+    tests/soak/soak.py --weight driver-kill=30     # stress one fault kind
     tests/soak/soak.py --workload python --hosts netns --overlap --minutes 10
 
 A seed replays the same choices of faults and targets; their timing against training varies
@@ -338,6 +339,11 @@ class Soak:
             self.weights.update(CHECKPOINT_WEIGHTS)
         self.weights.update(self.hosts.faults)
         self.weights.update(DRIVER_WEIGHTS)
+        for kind, weight in args.weight:  # a fault kind stressed, or left out with 0
+            if kind not in self.weights:
+                raise SystemExit(f"soak: --weight {kind}: not a fault of this mode "
+                                 f"(its faults: {', '.join(sorted(self.weights))})")
+            self.weights[kind] = weight
         self.faults = collections.Counter()
         self.stalls = collections.defaultdict(float)  # fault kind -> longest stall after one
         self.violations = []
@@ -965,7 +971,8 @@ class Soak:
             1, 10**9)
         mode = (f"--workload {self.args.workload} --hosts {self.args.hosts}"
                 + (" --overlap" if self.args.overlap else "")
-                + (" --checkpoints" if self.args.checkpoints else ""))
+                + (" --checkpoints" if self.args.checkpoints else "")
+                + "".join(f" --weight {k}={n}" for k, n in self.args.weight))
         print(f"soak: seed {seed} (replay: scripts/soak.sh {mode} --seed {seed} --minutes "
               f"{self.args.minutes:g}); {self.args.epochs} epochs a job", flush=True)
         try:
@@ -1043,12 +1050,22 @@ def parse():
                    help="seconds a job may take (then its stacks go to stacks.txt)")
     p.add_argument("--build-dir", default=os.environ.get("ELASTIC_BUILD_DIR",
                                                          str(ROOT / "build")))
+    p.add_argument("--weight", type=weight, action="append", default=[], metavar="KIND=N",
+                   help="the weight of a fault kind in the draw (e.g. driver-kill=30 to stress "
+                        "it, kill=0 to leave it out); may be given more than once")
     args = p.parse_args()
     if args.epochs is None:
         args.epochs = 24 if args.workload == "python" else 30
     if args.epochs < 4:
         p.error("--epochs must be at least 4 (faults stop three epochs before the end)")
     return args
+
+
+def weight(text):
+    kind, sep, n = text.partition("=")
+    if not sep or not n.isdigit() or int(n) > 1000:
+        raise argparse.ArgumentTypeError(f"{text!r}: want KIND=N, N a whole number up to 1000")
+    return kind, int(n)
 
 
 def stop_on_sigterm():
