@@ -289,6 +289,15 @@ Status Driver::OpenStateDir() {
     RemoveJournal(opts_.state_dir);
     return Status::Ok();
   }
+  // The policy's state is checked here, before anything of the job is touched: one that does
+  // not load is a damaged journal (exit 2), and its workers ride on.
+  auto state = LoadPolicyState(journal->policy, SteadyClock::now());
+  if (!state.ok()) {
+    return state.status().WithContext(
+        "--state-dir: the journal cannot be read; pass --fresh to start the job afresh (its "
+        "workers, if any still run, then exit by --driver-timeout): " +
+        JournalPath(opts_.state_dir));
+  }
   outage_seconds_ = std::max(0.0, ago);
   resume_ = std::move(journal).value();
   return Status::Ok();

@@ -152,8 +152,12 @@ int main(int argc, char** argv) {
                  "(20): one slow step, a pause or a fault is not one")
       ->check(CLI::Range(4, 1000000));
   app.add_option("--straggler-action", o.straggler_action,
-                 "What is done with a straggler: warn (name it; the only action so far)")
-      ->check(CLI::IsMember({"warn"}));
+                 "What is done with a straggler: warn (name it: the default), replace (the "
+                 "next round goes without it, a warm spare or a new worker on a free slot in "
+                 "its place; its host counts a failure toward the blacklist) or drop (the job "
+                 "shrinks without it, down to --min-np); either only when its estimated gain "
+                 "pays for a round change, and at most once a minute")
+      ->check(CLI::IsMember({"warn", "replace", "drop"}));
   app.add_option("--hang-timeout", hang_timeout,
                  "Seconds a formed round may go without progress (a commit or a collective) "
                  "before the worker holding it up is named, its stacks dumped, and killed "
@@ -340,6 +344,11 @@ int main(int argc, char** argv) {
   if (o.spares > 0 && !o.elastic) {
     return fail("--spares needs an elastic job (--min-np or --host-discovery-script): a "
                 "fixed-size job ends at its first failure, so a spare would never be used");
+  }
+  if (o.straggler_action != "warn" && !o.elastic) {
+    return fail("--straggler-action " + o.straggler_action +
+                " needs an elastic job (--min-np or --host-discovery-script): a fixed-size job "
+                "cannot go on without a worker");
   }
   int total = 0;
   for (const auto& h : o.hosts) total += h.slots;

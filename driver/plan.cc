@@ -14,22 +14,27 @@ bool SlotListed(const std::vector<discovery::HostSlots>& listed, const std::stri
 std::vector<std::string> PlanMembers(const PlanInput& in) {
   std::vector<std::string> kept, survivors, spares, fresh;
   for (const auto& slot : in.keep) {
-    if (in.alive.count(slot)) kept.push_back(slot);
+    if (in.alive.count(slot) && !in.evicted.count(slot)) kept.push_back(slot);
   }
   // A running spare is used like a survivor: blacklisting its host stops new launches only.
   for (const auto& slot : in.alive) {
-    if (SlotListed(in.listed, slot) && !in.keep.count(slot)) survivors.push_back(slot);
+    if (SlotListed(in.listed, slot) && !in.keep.count(slot) && !in.evicted.count(slot)) {
+      survivors.push_back(slot);
+    }
   }
   // A spare that does not answer (stopped or hung before it took a place, or not yet
   // connected) would hold a round until the rendezvous timeout: a new process goes first.
   std::vector<std::string> silent_spares;
   for (const auto& slot : in.spares) {
-    if (SlotListed(in.listed, slot)) (in.silent.count(slot) ? silent_spares : spares).push_back(slot);
+    if (SlotListed(in.listed, slot) && !in.evicted.count(slot)) {
+      (in.silent.count(slot) ? silent_spares : spares).push_back(slot);
+    }
   }
   for (const auto& h : in.available) {
     for (int i = 0; i < h.slots; ++i) {
       std::string slot = Slot{h.host, i}.ToString();
-      if (!in.alive.count(slot) && !in.busy.count(slot) && !in.spares.count(slot)) {
+      if (!in.alive.count(slot) && !in.busy.count(slot) && !in.spares.count(slot) &&
+          !in.evicted.count(slot)) {
         fresh.push_back(slot);
       }
     }

@@ -30,6 +30,9 @@ struct PlanInput {
   // connected): when the cap leaves out survivors, these go before the ones that answer, and
   // a new process on a free slot is taken before a silent spare.
   std::set<std::string> silent;
+  // Slots planned for no one (a straggler replaced or dropped, driver/stragglers.h): their
+  // worker, alive or a spare, is left out, and no new process is planned there.
+  std::set<std::string> evicted;
   size_t max_np = 0;                            // 0: no cap
   // Slots kept free of members for warm spares (--spares), unless fewer than `need` members
   // (-np) could run otherwise.

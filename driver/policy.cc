@@ -132,6 +132,11 @@ PlanInput Policy::MakePlanInput(std::vector<discovery::HostSlots> available) con
       in.busy.insert(slot);
     }
   }
+  // A replaced or dropped straggler's slot: planned for no one (its worker leaves) and no new
+  // process, until its eviction ends.
+  for (const auto& [slot, w] : s_.workers) {
+    if (w.evicted_until > Now()) in.evicted.insert(slot);
+  }
   in.reserve = d_.spares > 0 ? static_cast<size_t>(d_.spares) : 0;
   in.need = static_cast<size_t>(d_.np);  // spares use only slots beyond -np
   // What the workers say they hold (their commit reports), not what the driver assumes.
@@ -418,7 +423,9 @@ void Policy::TopUpSpares(const std::vector<std::string>& plan) {
       std::string slot = Slot{h.host, i}.ToString();
       if (std::find(plan.begin(), plan.end(), slot) != plan.end()) continue;
       auto it = s_.workers.find(slot);
-      if (it != s_.workers.end() && it->second.running) continue;
+      if (it != s_.workers.end() && (it->second.running || it->second.evicted_until > Now())) {
+        continue;
+      }
       Launch(WorkerFor(slot), -1, /*spare=*/true);
       Log(Action::kInfo, fmt::format("starting a warm spare in slot {}", slot));
       ++have;
@@ -933,14 +940,28 @@ void Policy::WatchStraggler(Worker& w, const rendezvous::Report& r) {
                        {"window", int64_t{d_.straggler_window}}};
   if (changed > 0) {
     ++s_.stragglers;
+    StragglerEstimate e = EstimateStraggler(*v, s_.formed_members.size());
+    auto [decision, why, after] = DecideOnStraggler(w, e);
     fields.emplace_back("action", d_.straggler_action);
+    fields.emplace_back("decision", decision);
+    fields.emplace_back("reason", why);
+    fields.emplace_back("steps_per_second_now", e.now);
+    fields.emplace_back("steps_per_second_after", after);
     Log(Action::kWarn,
         fmt::format("worker {} (slot {}, host {}) is a straggler: it computes {:.4f} s a step "
                     "against its peers' median of {:.4f} s ({:.2f}x, throughout the last {} "
-                    "steps), and its peers wait for it; --straggler-action {}: named only",
+                    "steps), and its peers wait for it; --straggler-action {}: {}",
                     w.rank, r.slot, w.host, v->compute, v->median, v->ratio,
-                    d_.straggler_window, d_.straggler_action));
+                    d_.straggler_window, d_.straggler_action, why));
     Event("straggler", std::move(fields));
+    if (decision != "none") {
+      // Out of the plan, and its slot gets no process, for the cooldown: the next round goes
+      // without it (it leaves at its next commit, as a scaled-away member does).
+      w.evicted_until = Now() + kStragglerCooldown;
+      s_.evicted_at = Now();
+      if (decision == "replace") RecordHostFailure(w, s_.formed, "its straggler was replaced");
+      Replan("slot " + r.slot + " is a straggler (" + decision + ")");
+    }
   } else {
     Log(Action::kInfo,
         fmt::format("worker {} (slot {}) is no longer a straggler: {:.4f} s of compute a step "
@@ -948,6 +969,63 @@ void Policy::WatchStraggler(Worker& w, const rendezvous::Report& r) {
                     w.rank, r.slot, v->compute, v->median, v->ratio));
     Event("straggler_cleared", std::move(fields));
   }
+}
+
+std::tuple<std::string, std::string, double> Policy::DecideOnStraggler(
+    Worker& w, const StragglerEstimate& e) {
+  auto rate = [](double v) { return fmt::format("{:.1f}", v); };
+  if (d_.straggler_action == "warn") return {"none", "named only", 0.0};
+  if (s_.evicted_at != TimePoint{} && Now() - s_.evicted_at < kStragglerCooldown) {
+    return {"none",
+            fmt::format("named only: a straggler was {} {:.0f} s ago, and none is again "
+                        "within {:.0f} s",
+                        d_.straggler_action == "replace" ? "replaced" : "dropped",
+                        Secs(Now() - s_.evicted_at), Secs(kStragglerCooldown)),
+            0.0};
+  }
+  if (s_.round != s_.formed) return {"none", "named only: a membership change is under way", 0.0};
+  const size_t n = s_.formed_members.size();
+  if (d_.straggler_action == "replace") {
+    // The plan without it: the same size when a warm spare or a free slot takes its place.
+    TimePoint kept = w.evicted_until;
+    w.evicted_until = Now() + kStragglerCooldown;
+    size_t planned = PlanMembers(MakePlanInput(hosts_.Available())).size();
+    w.evicted_until = kept;
+    if (planned < n) {
+      return {"none", "named only: no warm spare (--spares) or free slot to take its place",
+              e.replaced};
+    }
+    if (!ChangePays(e.now, e.replaced)) {
+      return {"none",
+              fmt::format("named only: replacing it would bring {} steps/s from {}, less than "
+                          "a round change costs",
+                          rate(e.replaced), rate(e.now)),
+              e.replaced};
+    }
+    return {"replace",
+            fmt::format("replaced: the next round goes without it, a warm spare or a new worker "
+                        "in its place (estimated {} steps/s from {})",
+                        rate(e.replaced), rate(e.now)),
+            e.replaced};
+  }
+  // drop
+  const size_t floor = static_cast<size_t>(std::max(d_.min_np, 1));
+  if (n <= floor) {
+    return {"none", fmt::format("named only: the job is at --min-np {} already", d_.min_np),
+            e.dropped};
+  }
+  if (!ChangePays(e.now, e.dropped)) {
+    return {"none",
+            fmt::format("named only: the job would not be faster without it (estimated {} "
+                        "steps/s from {})",
+                        rate(e.dropped), rate(e.now)),
+            e.dropped};
+  }
+  return {"drop",
+          fmt::format("dropped: the job goes on without it at {} worker(s) (estimated {} "
+                      "steps/s from {})",
+                      n - 1, rate(e.dropped), rate(e.now)),
+          e.dropped};
 }
 
 void Policy::OnCheckpointReport(const Worker& w, const rendezvous::Report& r) {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/clock.h"
@@ -55,6 +56,8 @@ struct Action {
   Level level = kInfo;
   std::string message;
 };
+
+struct StragglerEstimate;  // driver/stragglers.h
 
 struct PolicyOptions {
   DriverOptions driver;
@@ -171,6 +174,10 @@ class Policy {
   // A member's commit report, for straggler detection (driver/stragglers.h): names it (a
   // `straggler` event) or clears the name (`straggler_cleared`).
   void WatchStraggler(Worker& w, const rendezvous::Report& r);
+  // What --straggler-action does with a straggler just named: "replace", "drop" or "none",
+  // why (a line for the log and the event), and the estimated steps per second after.
+  std::tuple<std::string, std::string, double> DecideOnStraggler(
+      Worker& w, const StragglerEstimate& e);
   // When every member of the formed round has reported a failure of its own there (the same
   // error in user code on every rank), the job ends with exit 1 and the first one's message
   // instead of waiting for hosts: relaunching would fail the same way. Not when the user gave

@@ -60,6 +60,7 @@ struct Bad {
 
 struct Reader {
   TimePoint now;
+  int format = 0;  // of the text: fields added after it may be missing (their defaults)
   const json& At(const json& j, const char* key, const std::string& path) const {
     if (!j.is_object()) throw Bad{path + " is not an object"};
     auto it = j.find(key);
@@ -152,8 +153,11 @@ struct Reader {
   X(rank) X(pid) X(step) X(version) X(commit_at) X(logged_round) X(heard_at) X(launched_at)   \
   X(moved_at) X(heard_round) X(collectives) X(in_collective) X(stack_signal) X(epoch)         \
   X(cursor) X(samples) X(epoch_size) X(rate) X(failed_round) X(failure) X(exit_hung)          \
-  X(start_failed) X(window_round) X(window_step) X(window_compute) X(window_wait)              \
-  X(step_compute) X(step_wait) X(slow_windows) X(fast_windows) X(straggler)
+  X(start_failed)
+// Fields added in format 2 (straggler detection): a state of format 1 loads without them.
+#define WORKER_FIELDS_2(X)                                                                    \
+  X(window_round) X(window_step) X(window_compute) X(window_wait) X(step_compute)             \
+  X(step_wait) X(slow_windows) X(fast_windows) X(straggler) X(evicted_until)
 #define POLICY_FIELDS(X)                                                                        \
   X(hosts) X(workers) X(members) X(round) X(formed) X(formed_members) X(failure_order) X(kept) \
   X(aborted) X(withdrawn) X(incident_round) X(resets) X(failures) X(spare_failures)             \
@@ -162,11 +166,14 @@ struct Reader {
   X(final_message) X(kill_at) X(wait_until) X(recovery_start) X(recovering) X(round_broken)     \
   X(first_commit_logged) X(started) X(restore_round) X(lost_committed) X(lost_round)             \
   X(checkpoint_version) X(checkpoint_step) X(checkpoint_failures) X(checkpoint_seconds) X(checkpoint_path)            \
-  X(checkpoint_error) X(last_listed) X(last_listed_order) X(stragglers)
+  X(checkpoint_error) X(last_listed) X(last_listed_order)
+#define POLICY_FIELDS_2(X) X(stragglers) X(evicted_at)
 
 // Writer::Put and Reader::Get of `Type`, from its field list.
 #define PUT_FIELD(name) out[#name] = Put(v.name);
 #define GET_FIELD(name) Get(At(j, #name, path), path + "." #name, &v->name);
+#define GET_FIELD_2(name) \
+  if (format >= 2 || j.contains(#name)) GET_FIELD(name)
 #define SAVED_STRUCT(Type, FIELDS)                                                  \
   json Writer::Put(const Type& v) const {                                           \
     json out = json::object();                                                      \
@@ -176,15 +183,29 @@ struct Reader {
   void Reader::Get(const json& j, const std::string& path, Type* v) const {         \
     FIELDS(GET_FIELD)                                                               \
   }
+// A struct with fields added in format 2: required in a text of format 2, optional before.
+#define SAVED_STRUCT_2(Type, FIELDS, FIELDS_2)                                      \
+  json Writer::Put(const Type& v) const {                                           \
+    json out = json::object();                                                      \
+    FIELDS(PUT_FIELD)                                                               \
+    FIELDS_2(PUT_FIELD)                                                             \
+    return out;                                                                     \
+  }                                                                                 \
+  void Reader::Get(const json& j, const std::string& path, Type* v) const {         \
+    FIELDS(GET_FIELD)                                                               \
+    FIELDS_2(GET_FIELD_2)                                                           \
+  }
 // clang-format on
 
 SAVED_STRUCT(discovery::HostSlots, HOST_SLOTS_FIELDS)
 SAVED_STRUCT(discovery::HostTable::Entry, ENTRY_FIELDS)
 SAVED_STRUCT(discovery::HostTable::State, TABLE_FIELDS)
-SAVED_STRUCT(WorkerState, WORKER_FIELDS)
-SAVED_STRUCT(PolicyState, POLICY_FIELDS)
+SAVED_STRUCT_2(WorkerState, WORKER_FIELDS, WORKER_FIELDS_2)
+SAVED_STRUCT_2(PolicyState, POLICY_FIELDS, POLICY_FIELDS_2)
 
-constexpr int kFormat = 1;
+// 2: straggler detection's fields (WORKER_FIELDS_2, POLICY_FIELDS_2). A state of format 1
+// (an older elastic-run's journal) loads too, without them.
+constexpr int kFormat = 2;
 
 }  // namespace
 
@@ -202,10 +223,13 @@ StatusOr<PolicyState> LoadPolicyState(const std::string& text, TimePoint now) {
   try {
     int format = 0;
     r.Get(r.At(j, "format", "state"), "state.format", &format);
-    if (format != kFormat) {
+    if (format < 1 || format > kFormat) {
       return InvalidArgument("the driver's saved state has format " + std::to_string(format) +
-                             "; this elastic-run reads format " + std::to_string(kFormat));
+                             "; this elastic-run reads formats 1 to " +
+                             std::to_string(kFormat) +
+                             " (was it written by a newer elastic-run?)");
     }
+    r.format = format;
     r.Get(j, "state", &s);
   } catch (const Bad& b) {
     return InvalidArgument("the driver's saved state: " + b.what);

@@ -71,6 +71,9 @@ struct WorkerState {
   double step_compute = -1, step_wait = -1;
   int slow_windows = 0, fast_windows = 0;
   bool straggler = false;
+  // A straggler replaced or dropped (--straggler-action): its slot is planned for no one,
+  // and gets no new process, until then.
+  TimePoint evicted_until{};
 };
 
 struct PolicyState {
@@ -117,6 +120,7 @@ struct PolicyState {
   std::vector<discovery::HostSlots> last_listed;
   std::vector<std::string> last_listed_order;
   int64_t stragglers = 0;  // workers named stragglers, over the job
+  TimePoint evicted_at{};  // when a straggler was last replaced or dropped
 };
 
 // The state as one JSON object. Time points are saved as offsets from `now` (the steady clock

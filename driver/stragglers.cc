@@ -67,6 +67,23 @@ std::optional<StragglerVerdict> JudgeStraggler(const WorkerState& w,
   return v;
 }
 
+StragglerEstimate EstimateStraggler(const StragglerVerdict& v, size_t members) {
+  auto rate = [](double seconds) { return seconds > 0 ? 1.0 / seconds : 0.0; };
+  StragglerEstimate e;
+  e.now = rate(v.compute + v.wait);
+  e.replaced = rate(v.median + v.wait);
+  if (members >= 2) {
+    const double n = static_cast<double>(members);
+    e.dropped = rate(v.median * n / (n - 1) + v.wait);
+  }
+  return e;
+}
+
+bool ChangePays(double now, double after) {
+  if (now <= 0 || after <= now) return false;
+  return kStragglerHorizonSeconds * (after - now) >= kStragglerChangeSeconds * after;
+}
+
 int ApplyVerdict(WorkerState& w, const StragglerVerdict& v) {
   w.slow_windows = v.slow ? w.slow_windows + 1 : 0;
   w.fast_windows = v.fast ? w.fast_windows + 1 : 0;

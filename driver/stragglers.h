@@ -56,4 +56,28 @@ int ApplyVerdict(WorkerState& w, const StragglerVerdict& v);
 // A new process in the slot (or a new round for w): nothing measured carries over.
 void ResetStragglerWindow(WorkerState& w);
 
+// What acting on a straggler would bring (--straggler-action replace or drop), in steps per
+// second, from its verdict: a step now takes its compute and wait (every rank's step takes
+// as long as the slowest one's; its wait is the collective's own time, since its peers are
+// there first); with a peer of median speed in its place, the median compute and the same
+// collective; without it, the n-1 others share its part of each step (the global batch is the
+// same), the median compute times n/(n-1).
+struct StragglerEstimate {
+  double now = 0, replaced = 0, dropped = 0;
+};
+StragglerEstimate EstimateStraggler(const StragglerVerdict& v, size_t members);
+
+// A round change costs the job about this long (the re-form, and the steps since the last
+// commit trained again); the steps it wins are counted over this horizon.
+inline constexpr double kStragglerChangeSeconds = 2.0;
+inline constexpr double kStragglerHorizonSeconds = 60.0;
+// A slot whose straggler was replaced or dropped gets no process for this long, and no second
+// straggler is replaced or dropped within it (the same slowness again is the job's, not a
+// worker's).
+inline constexpr Duration kStragglerCooldown = std::chrono::seconds(60);
+
+// Whether going from `now` to `after` steps per second wins, over the horizon, more steps
+// than a round change costs at the new pace.
+bool ChangePays(double now, double after);
+
 }  // namespace elastic::driver

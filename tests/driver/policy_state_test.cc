@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 #include <cstdlib>
 #include <random>
 #include <sstream>
@@ -445,6 +446,7 @@ TEST_CASE("every field of the state survives a save and a load", "[policy_state]
   w.slow_windows = 3;
   w.fast_windows = 1;
   w.straggler = true;
+  w.evicted_until = at(-800);
 
   discovery::HostTable table(discovery::HostTableOptions{nullptr, 1, std::chrono::seconds(1),
                                                          std::chrono::seconds(2), 99});
@@ -503,6 +505,7 @@ TEST_CASE("every field of the state survives a save and a load", "[policy_state]
   s.last_listed = {{"h2", 3}};
   s.last_listed_order = {"h2"};
   s.stragglers = 4;
+  s.evicted_at = at(900);
 
   // Loaded an hour later on another clock: times keep their distance from now.
   TimePoint later = now + std::chrono::hours(1);
@@ -548,6 +551,7 @@ TEST_CASE("every field of the state survives a save and a load", "[policy_state]
   CHECK(x.slow_windows == w.slow_windows);
   CHECK(x.fast_windows == w.fast_windows);
   CHECK(x.straggler == w.straggler);
+  CHECK(x.evicted_until == shift(w.evicted_until));
   CHECK(x.failed_round == w.failed_round);
   CHECK(x.failure == w.failure);
   CHECK(x.exit_hung == w.exit_hung);
@@ -607,6 +611,7 @@ TEST_CASE("every field of the state survives a save and a load", "[policy_state]
   CHECK(l.last_listed == s.last_listed);
   CHECK(l.last_listed_order == s.last_listed_order);
   CHECK(l.stragglers == s.stragglers);
+  CHECK(l.evicted_at == shift(s.evicted_at));
 }
 
 TEST_CASE("a damaged saved state is refused with the field it is about", "[policy_state]") {
@@ -650,6 +655,41 @@ TEST_CASE("a damaged saved state is refused with the field it is about", "[polic
   REQUIRE(at != std::string::npos);
   t.replace(at, 11, "\"slot\":\"h7:");
   refused(t, "names slot 'h7:");
+  // Format 2's fields are required in a state of format 2.
+  refused(edit("\"stragglers\":0", "\"stragglrs\":0"), "state.stragglers is missing");
+}
+
+TEST_CASE("a saved state of format 1 (an older elastic-run's journal) loads without the "
+          "fields added since",
+          "[policy_state]") {
+  FakeClock clock;
+  PolicyOptions o;
+  o.driver = Elastic();
+  o.clock = &clock;
+  Policy p(o);
+  p.Start({{"h1", 2}});
+  p.TakeActions();
+  nlohmann::json j = nlohmann::json::parse(SavePolicyState(p.state(), clock.Now()));
+  REQUIRE(j["format"] == 2);
+  j["format"] = 1;
+  for (const char* f : {"stragglers", "evicted_at"}) j.erase(f);
+  for (auto& [slot, w] : j["workers"].items()) {
+    for (const char* f : {"window_round", "window_step", "window_compute", "window_wait",
+                          "step_compute", "step_wait", "slow_windows", "fast_windows",
+                          "straggler", "evicted_until"}) {
+      w.erase(f);
+    }
+  }
+  auto loaded = LoadPolicyState(j.dump(), clock.Now());
+  INFO(loaded.status().ToString());
+  REQUIRE(loaded.ok());
+  CHECK(loaded->stragglers == 0);
+  CHECK(loaded->workers.at("h1:0").step_compute == -1);
+  CHECK(loaded->workers.at("h1:0").evicted_until == TimePoint{});
+  j["format"] = 2;  // the same text claiming format 2: a field is missing
+  auto refused = LoadPolicyState(j.dump(), clock.Now());
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(refused.status().message(), Catch::Contains("is missing"));
 }
 
 }  // namespace

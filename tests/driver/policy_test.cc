@@ -1721,6 +1721,145 @@ TEST_CASE("policy: a policy restored mid-window names the straggler at the same 
   }
 }
 
+// The field `name` of a straggler event, as a string (decision, reason, action).
+std::string Said(const Action& e, const std::string& name) {
+  for (const auto& [k, v] : e.fields) {
+    if (k == name && std::holds_alternative<std::string>(v)) return std::get<std::string>(v);
+  }
+  return "";
+}
+
+TEST_CASE("policy: --straggler-action replace: the next round goes without it, a warm spare in "
+          "its place, and its host counts a failure",
+          "[unit]") {
+  DriverOptions d = Static({{"h", 5}}, 4, 2);
+  d.spares = 1;
+  d.host_failure_limit = 2;  // counted, not yet blacklisted
+  d.straggler_action = "replace";
+  Job job(d);
+  job.policy->Start(d.hosts);
+  job.Take();
+  job.Form(0, kFour);
+  job.Take();
+  job.Ready("h:4");  // the spare waits for a place
+  Sums sums;
+  auto a = Steps(job, sums, kFour, 0, 21, [](size_t i, int64_t) { return i == 2 ? 0.03 : 0.01; });
+  auto named = Events(a, "straggler");
+  REQUIRE(named.size() == 1);
+  CHECK(Said(*named[0], "decision") == "replace");
+  CHECK_THAT(Said(*named[0], "reason"), Catch::Contains("replaced"));
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(proposals[0]->assignments.count("h:2") == 0);
+  CHECK(proposals[0]->assignments.count("h:4") == 1);
+  CHECK(proposals[0]->removed == std::vector<std::string>{"h:2"});
+  CHECK(Events(a, "spare_promoted").size() == 1);
+  CHECK(job.policy->state().hosts.hosts.at("h").failures == 1);
+  // It leaves at its next commit; its slot gets no new process (no spare) for the cooldown.
+  job.Form(1, {"h:0", "h:1", "h:3", "h:4"});
+  job.Take();
+  job.policy->OnExit("h:2", 0, "exit status 0");
+  a = job.Take();
+  CHECK(Of(a, Action::kLaunch).empty());
+  CHECK(Of(a, Action::kProposeRound).empty());
+}
+
+TEST_CASE("policy: --straggler-action replace with no spare and no free slot only names it",
+          "[unit]") {
+  DriverOptions d = Static({{"h", 4}}, 4, 2);
+  d.straggler_action = "replace";
+  Job job(d);
+  job.StartFormed({{"h", 4}}, kFour);
+  job.Take();
+  Sums sums;
+  auto a = Steps(job, sums, kFour, 0, 21, [](size_t i, int64_t) { return i == 2 ? 0.03 : 0.01; });
+  auto named = Events(a, "straggler");
+  REQUIRE(named.size() == 1);
+  CHECK(Said(*named[0], "decision") == "none");
+  CHECK_THAT(Said(*named[0], "reason"), Catch::Contains("no warm spare"));
+  CHECK(Of(a, Action::kProposeRound).empty());
+}
+
+TEST_CASE("policy: --straggler-action drop shrinks the job when that is faster, down to "
+          "--min-np, once within the cooldown",
+          "[unit]") {
+  DriverOptions d = Static({{"h", 4}}, 4, 2);
+  d.straggler_action = "drop";
+  Job job(d);
+  job.StartFormed({{"h", 4}}, kFour);
+  job.Take();
+  Sums sums;
+  // 3x slower: without it, three ranks at 4/3 of the median beat four waiting for it.
+  auto a = Steps(job, sums, kFour, 0, 21, [](size_t i, int64_t) { return i == 2 ? 0.03 : 0.01; });
+  auto named = Events(a, "straggler");
+  REQUIRE(named.size() == 1);
+  CHECK(Said(*named[0], "decision") == "drop");
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(proposals[0]->assignments.size() == 3);
+  CHECK(proposals[0]->removed == std::vector<std::string>{"h:2"});
+  const std::vector<std::string> three = {"h:0", "h:1", "h:3"};
+  job.Form(1, three);
+  job.Take();
+  job.policy->OnExit("h:2", 0, "exit status 0");
+  job.Take();
+  // Another straggler within the cooldown is named only.
+  auto slow1 = [](size_t i, int64_t) { return i == 1 ? 0.03 : 0.01; };
+  auto rounds = [&](int64_t from, int64_t to) {
+    std::vector<Action> out;
+    for (int64_t step = from; step < to; ++step) {
+      for (size_t i = 0; i < three.size(); ++i) {
+        auto& [c, w] = sums.by_slot[three[i]];
+        c += slow1(i, step);
+        w += 0.03 - slow1(i, step) + 0.001;
+        rendezvous::Report r;
+        r.slot = three[i];
+        r.kind = rendezvous::ReportKind::kCommitted;
+        r.round = 1;
+        r.step = r.version = step + 1;
+        r.compute_seconds = c;
+        r.wait_seconds = w;
+        job.policy->OnReport(r);
+      }
+      job.clock.Advance(std::chrono::milliseconds(31));
+      auto t = job.Take();
+      out.insert(out.end(), t.begin(), t.end());
+    }
+    return out;
+  };
+  a = rounds(21, 42);
+  named = Events(a, "straggler");
+  REQUIRE(named.size() == 1);
+  CHECK(Said(*named[0], "decision") == "none");
+  CHECK_THAT(Said(*named[0], "reason"), Catch::Contains("within 60 s"));
+  CHECK(Of(a, Action::kProposeRound).empty());
+}
+
+TEST_CASE("policy: --straggler-action drop keeps a job at --min-np, and one that would not be "
+          "faster",
+          "[unit]") {
+  for (int size : {4, 2}) {
+    INFO(size);
+    // Four at --min-np 4; or two, one 1.6x as slow: alone, the other would take 2x.
+    const int min_np = size == 4 ? 4 : 1;
+    std::vector<std::string> members(kFour.begin(), kFour.begin() + size);
+    DriverOptions d = Static({{"h", size}}, size, min_np);
+    d.straggler_action = "drop";
+    Job job(d);
+    job.StartFormed({{"h", size}}, members);
+    job.Take();
+    Sums sums;
+    auto a = Steps(job, sums, members, 0, 21,
+                   [&](size_t i, int64_t) { return i == 1 ? (size == 4 ? 0.03 : 0.016) : 0.01; });
+    auto named = Events(a, "straggler");
+    REQUIRE(named.size() == 1);
+    CHECK(Said(*named[0], "decision") == "none");
+    CHECK_THAT(Said(*named[0], "reason"),
+               Catch::Contains(size == 4 ? "--min-np 4" : "would not be faster"));
+    CHECK(Of(a, Action::kProposeRound).empty());
+  }
+}
+
 TEST_CASE("policy: --straggler-factor 0 names no straggler", "[unit]") {
   DriverOptions d = Static({{"h", 4}}, 4, 4);
   d.straggler_factor = 0;

@@ -57,6 +57,12 @@ CASES = [
     (["--no-such-option"], "--no-such-option"),
     (["--output-dir", "{blocker}/sub"], "--output-dir"),
     (["--job-file", "{blocker}/sub/job.json"], "--job-file"),
+    (["--straggler-factor", "1"], "--straggler-factor must be above 1 (or 0: off)"),
+    (["--straggler-factor", "-2"], "--straggler-factor"),
+    (["--straggler-window", "2"], "--straggler-window"),
+    (["--straggler-action", "evict"], "--straggler-action"),
+    (["-np", "2", "--straggler-action", "replace"], "--straggler-action replace needs an elastic"),
+    (["-np", "2", "--straggler-action", "drop"], "--straggler-action drop needs an elastic"),
 ]
 
 

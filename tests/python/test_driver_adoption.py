@@ -495,7 +495,10 @@ def test_a_damaged_journal_is_refused_and_the_job_it_names_is_not_harmed(
     journal = state / "journal.json"
     try:
         whole = journal.read_bytes()
-        for damaged in (whole[:len(whole) // 2], b"", b"{\"version\": \"x\"}"):
+        bad_policy = json.loads(whole)
+        bad_policy["policy"]["resets"] = "zero"  # whole JSON, but not a policy state
+        for damaged in (whole[:len(whole) // 2], b"", b"{\"version\": \"x\"}",
+                        json.dumps(bad_policy).encode()):
             journal.write_bytes(damaged)
             os.chmod(journal, 0o600)
             rc, out = run(args, timeout=30, env=marked_env(marker))

@@ -13,66 +13,13 @@ import urllib.request
 
 import pytest
 
+from cgroup import Throttle
 from helpers import Job, run
 import ledger
 from test_elastic import check_event_schema, events, wait_event
 
 EPOCHS = 14
 SAMPLES = 4096
-CGROUP_V1 = "/sys/fs/cgroup/cpu"
-CGROUP_V2 = "/sys/fs/cgroup"
-
-
-class Throttle:
-    """A cgroup holding processes to `share` of one CPU: v1's cpu.cfs_quota_us, else v2's
-    cpu.max. Removed (its processes back in the root group) at the end."""
-
-    def __init__(self, name, share):
-        self.path = None
-        period = 100000
-        quota = int(period * share)
-        v1 = os.path.join(CGROUP_V1, "cpu.cfs_quota_us")
-        v2 = os.path.join(CGROUP_V2, "cgroup.controllers")
-        try:
-            if os.path.exists(v1):
-                self.root = CGROUP_V1
-                self.path = os.path.join(CGROUP_V1, name)
-                os.makedirs(self.path, exist_ok=True)
-                self._write("cpu.cfs_period_us", str(period))
-                self._write("cpu.cfs_quota_us", str(quota))
-            elif os.path.exists(v2) and "cpu" in open(v2).read().split():
-                self.root = CGROUP_V2
-                self.path = os.path.join(CGROUP_V2, name)
-                os.makedirs(self.path, exist_ok=True)
-                self._write("cpu.max", f"{quota} {period}")
-        except OSError as e:
-            self.close()
-            pytest.skip(f"cannot make a CPU cgroup here ({e}): needs root")
-        if self.path is None:
-            pytest.skip("no cgroup CPU controller here")
-
-    def _write(self, name, text):
-        with open(os.path.join(self.path, name), "w") as f:
-            f.write(text)
-
-    def add(self, pid):
-        self._write("cgroup.procs", str(pid))
-
-    def close(self):
-        if not self.path or not os.path.isdir(self.path):
-            return
-        try:
-            with open(os.path.join(self.path, "cgroup.procs")) as f:
-                pids = [p for p in f.read().split() if p]
-            for pid in pids:
-                try:
-                    with open(os.path.join(self.root, "cgroup.procs"), "w") as f:
-                        f.write(pid)
-                except OSError:
-                    pass  # gone meanwhile
-            os.rmdir(self.path)
-        except OSError:
-            pass
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +43,10 @@ def test_a_throttled_worker_is_named_a_straggler_and_the_job_is_untouched(
         elastic_run, example, fault_free_hash, tmp_path):
     log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
     job_file = str(tmp_path / "job.json")
-    throttle = Throttle(f"elastic-straggler-{os.getpid()}", 0.25)
+    try:
+        throttle = Throttle(f"elastic-straggler-{os.getpid()}", 0.25)
+    except RuntimeError as e:
+        pytest.skip(str(e))
     job = Job([elastic_run, "-np", "4", "--event-log", log, "--job-file", job_file,
                "--metrics-port", "0", example, "--epochs", str(EPOCHS), "--work-ms", "3",
                "--ledger", book])
@@ -112,6 +62,7 @@ def test_a_throttled_worker_is_named_a_straggler_and_the_job_is_untouched(
         assert named["slot"] == "localhost:2" and named["rank"] == 2, named
         assert named["ratio"] >= 1.5 and named["compute_seconds"] > named["median_seconds"]
         assert named["action"] == "warn" and named["window"] == 20, named
+        assert named["decision"] == "none" and named["reason"] == "named only", named
         job.wait_for(r"worker 2 \(slot localhost:2, host localhost\) is a straggler", timeout=10)
         # elastic-run status and /metrics show it while the job runs (at the throttled
         # pace, for several seconds more).
@@ -143,6 +94,60 @@ def test_a_throttled_worker_is_named_a_straggler_and_the_job_is_untouched(
     evs = events(log)
     assert len([e for e in evs if e["event"] == "straggler"]) == 1, evs
     assert len([e for e in evs if e["event"] == "round_formed"]) == 1  # nothing else changed
+
+
+def pid_alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("action", ["replace", "drop"])
+def test_a_straggler_is_replaced_or_dropped_and_the_job_ends_as_a_fault_free_one(
+        elastic_run, example, fault_free_hash, tmp_path, action):
+    """replace: with a warm spare, the next round goes without the straggler and the spare
+    takes its place; its host counts a failure (here, the first: blacklisted). drop: the job
+    shrinks to three, faster than four waiting for one at a quarter of a CPU. Either way the
+    straggler's process leaves at a commit, and the model and the ledger are a fault-free
+    run's."""
+    log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
+    try:
+        throttle = Throttle(f"elastic-straggler-{action}-{os.getpid()}", 0.25)
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    extra = ["--min-np", "2"] + (["--spares", "1"] if action == "replace" else [])
+    job = Job([elastic_run, "-np", "4", "--event-log", log, "--straggler-action", action] +
+              extra + [example, "--epochs", str(EPOCHS), "--work-ms", "3", "--ledger", book])
+    try:
+        job.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
+        slow = pid_of(log, "localhost:2")
+        throttle.add(slow)
+        named = wait_event(log, lambda e: e["event"] == "straggler", timeout=60)
+        assert named["slot"] == "localhost:2" and named["decision"] == action, named
+        assert named["steps_per_second_after"] > named["steps_per_second_now"], named
+        formed = wait_event(log, lambda e: e["event"] == "round_formed" and e["round"] == 1,
+                            timeout=60)
+        assert "localhost:2" not in formed["members"], formed
+        assert len(formed["members"]) == (4 if action == "replace" else 3), formed
+        deadline = time.monotonic() + 30
+        while pid_alive(slow):  # it leaves at its commit, as a scaled-away member does
+            assert time.monotonic() < deadline, "the straggler did not leave"
+            time.sleep(0.1)
+        assert job.wait(timeout=240) == 0, job.text()
+    finally:
+        job.kill()
+        throttle.close()
+    assert f"hash {fault_free_hash}" in job.text(), job.text()
+    problems = ledger.check(book, SAMPLES, EPOCHS, max_rollback=5)
+    assert not problems, "\n".join(problems)
+    check_event_schema(log)
+    evs = events(log)
+    if action == "replace":
+        assert [e["slot"] for e in evs if e["event"] == "spare_promoted"] == ["localhost:4"]
+        assert [e["host"] for e in evs if e["event"] == "host_blacklisted"] == ["localhost"]
+    assert len([e for e in evs if e["event"] == "straggler"]) == 1, evs
 
 
 def test_equal_workers_name_no_straggler(elastic_run, example, fault_free_hash, tmp_path):
