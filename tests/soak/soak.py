@@ -817,6 +817,14 @@ class Soak:
         problems += self.in_place_problems(j, rc)
         problems += self.stopped_problems(j, rc)
         problems += self.quiet_problems(j)
+        # No fault of the soak makes a worker slower than its peers for long: a kill, a stop,
+        # a pause, a lost link or a driver outage is not a straggler (issue 29's "no false
+        # positive across a soak").
+        for e in j.ev.all:
+            if e["event"] == "straggler":
+                problems.append(f"slot {e['slot']} was named a straggler ({e['ratio']:.2f}x "
+                                f"its peers' compute over {e['window']} steps) by a fault that "
+                                f"makes none")
         lost = [e for e in j.ev.all if e["event"] == "state_lost"]
         if lost and not self.args.checkpoints:
             problems.append("the driver reported the state lost")
