@@ -1109,8 +1109,10 @@ class GlooCommunicator::Running {
       : c_(c), start_(SteadyClock::now().time_since_epoch().count()) {
     c_->started_.fetch_add(1);
     c_->last_start_.store(start_);
+    // Collectives from two threads at once (a background allreduce beside the training
+    // thread's barrier) overlap: a gap only counts when this one starts after the last end.
     Duration::rep end = c_->last_end_.load();
-    if (end != 0) c_->compute_.fetch_add(start_ - end);
+    if (end != 0 && start_ > end) c_->compute_.fetch_add(start_ - end);
     c_->running_.store(true);
   }
   ~Running() {
