@@ -1721,6 +1721,14 @@ TEST_CASE("policy: a policy restored mid-window names the straggler at the same 
   }
 }
 
+// Steps 0-20 of round 0 on the four members, h:2 computing 3x as long as the others: the
+// actions up to the commit that names it a straggler (exactly one event).
+std::vector<Action> SlowH2(Job& job, Sums& sums) {
+  auto a = Steps(job, sums, kFour, 0, 21, [](size_t i, int64_t) { return i == 2 ? 0.03 : 0.01; });
+  REQUIRE(Events(a, "straggler").size() == 1);
+  return a;
+}
+
 // The field `name` of a straggler event, as a string (decision, reason, action).
 std::string Said(const Action& e, const std::string& name) {
   for (const auto& [k, v] : e.fields) {
@@ -1743,9 +1751,8 @@ TEST_CASE("policy: --straggler-action replace: the next round goes without it, a
   job.Take();
   job.Ready("h:4");  // the spare waits for a place
   Sums sums;
-  auto a = Steps(job, sums, kFour, 0, 21, [](size_t i, int64_t) { return i == 2 ? 0.03 : 0.01; });
+  auto a = SlowH2(job, sums);
   auto named = Events(a, "straggler");
-  REQUIRE(named.size() == 1);
   CHECK(Said(*named[0], "decision") == "replace");
   CHECK_THAT(Said(*named[0], "reason"), Catch::Contains("replaced"));
   auto proposals = Of(a, Action::kProposeRound);
@@ -1772,9 +1779,8 @@ TEST_CASE("policy: --straggler-action replace with no spare and no free slot onl
   job.StartFormed({{"h", 4}}, kFour);
   job.Take();
   Sums sums;
-  auto a = Steps(job, sums, kFour, 0, 21, [](size_t i, int64_t) { return i == 2 ? 0.03 : 0.01; });
+  auto a = SlowH2(job, sums);
   auto named = Events(a, "straggler");
-  REQUIRE(named.size() == 1);
   CHECK(Said(*named[0], "decision") == "none");
   CHECK_THAT(Said(*named[0], "reason"), Catch::Contains("no warm spare"));
   CHECK(Of(a, Action::kProposeRound).empty());
@@ -1790,9 +1796,8 @@ TEST_CASE("policy: --straggler-action drop shrinks the job when that is faster, 
   job.Take();
   Sums sums;
   // 3x slower: without it, three ranks at 4/3 of the median beat four waiting for it.
-  auto a = Steps(job, sums, kFour, 0, 21, [](size_t i, int64_t) { return i == 2 ? 0.03 : 0.01; });
+  auto a = SlowH2(job, sums);
   auto named = Events(a, "straggler");
-  REQUIRE(named.size() == 1);
   CHECK(Said(*named[0], "decision") == "drop");
   auto proposals = Of(a, Action::kProposeRound);
   REQUIRE(proposals.size() == 1);
