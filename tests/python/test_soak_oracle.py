@@ -46,7 +46,7 @@ def test_a_stop_alone_or_a_driver_kill_alone_keeps_its_own_bound(tmp_path):
     stop = stall_problems(tmp_path, [("stop", 10.0, 10.0)], times)
     assert stop == ["training stalled for 33.5 s after a stop fault (bound 16 s)"], stop
     driver = stall_problems(tmp_path, [("driver-kill", 10.0, 12.4)], times)
-    assert driver == ["training stalled for 33.5 s after a driver-kill fault (bound 12 s)"], \
+    assert driver == ["training stalled for 33.5 s after a driver-kill fault (bound 20 s)"], \
         driver
 
 

@@ -90,7 +90,7 @@ def test_a_throttled_worker_is_named_a_straggler_and_the_job_is_untouched(
     assert f"hash {fault_free_hash}" in job.text(), job.text()
     problems = ledger.check(book, SAMPLES, EPOCHS, max_rollback=0)
     assert not problems, "\n".join(problems)
-    check_event_schema(log)
+    check_event_schema(log, stragglers=True)
     evs = events(log)
     assert len([e for e in evs if e["event"] == "straggler"]) == 1, evs
     assert len([e for e in evs if e["event"] == "round_formed"]) == 1  # nothing else changed
@@ -142,7 +142,7 @@ def test_a_straggler_is_replaced_or_dropped_and_the_job_ends_as_a_fault_free_one
     assert f"hash {fault_free_hash}" in job.text(), job.text()
     problems = ledger.check(book, SAMPLES, EPOCHS, max_rollback=5)
     assert not problems, "\n".join(problems)
-    check_event_schema(log)
+    check_event_schema(log, stragglers=True)
     evs = events(log)
     if action == "replace":
         assert [e["slot"] for e in evs if e["event"] == "spare_promoted"] == ["localhost:4"]
