@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "common/atomic_file.h"
+#include "driver/journal.h"
 #include "rendezvous/client.h"
 
 namespace elastic::driver {
@@ -322,7 +323,9 @@ std::vector<std::string> LiveJobFiles(const std::string& dir) {
     std::string name = e->d_name;
     if (name.size() < 6 || name.substr(name.size() - 5) != ".json") continue;
     pid_t pid = std::atoi(name.c_str());
-    if (pid > 0 && kill(pid, 0) == 0) out.push_back(dir + "/" + name);
+    // Running: a killed driver whose parent has not reaped it yet (a zombie) answers
+    // kill(pid, 0) but is gone.
+    if (pid > 0 && ProcessStartTicks(pid) != 0) out.push_back(dir + "/" + name);
   }
   closedir(d);
   std::sort(out.begin(), out.end());

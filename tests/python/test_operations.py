@@ -158,6 +158,31 @@ TIMELINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", 
                         "elastic-timeline")
 
 
+def test_status_does_not_count_a_killed_driver_not_yet_reaped(elastic_run, example, tmp_path):
+    """A driver SIGKILLed whose parent has not waited for it yet is a zombie: kill(pid, 0)
+    still succeeds, but it runs no job. `status` must not offer it (it would list two jobs,
+    or ask a dead address)."""
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
+    dead = Job([elastic_run, "-np", "1", "--driver-timeout", "0", example, "--epochs", "40",
+                "--step-ms", "20"], env=env)
+    live = Job([elastic_run, "-np", "2", example, "--epochs", "40", "--step-ms", "20"], env=env)
+    try:
+        dead.wait_for(r"epoch 0 done")
+        live.wait_for(r"epoch 0 done")
+        os.kill(dead.proc.pid, signal.SIGKILL)  # not waited for: a zombie
+        deadline = time.monotonic() + 10
+        while open(f"/proc/{dead.proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert os.path.exists(tmp_path / "elastic-run" / f"{dead.proc.pid}.json")
+        p = subprocess.run([elastic_run, "status"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env=env, timeout=30)
+        assert p.returncode == 0 and "2 worker(s)" in p.stdout, p.stdout
+    finally:
+        dead.kill()
+        live.kill()
+
+
 def test_the_timeline_picture_marks_every_fault_of_a_real_log(elastic_run, example, tmp_path):
     pytest.importorskip("matplotlib", reason="python3-matplotlib (scripts/setup-deps.sh)")
     log = str(tmp_path / "events.jsonl")
