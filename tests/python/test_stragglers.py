@@ -160,3 +160,30 @@ def test_equal_workers_name_no_straggler(elastic_run, example, fault_free_hash, 
     assert f"hash {fault_free_hash}" in out
     assert not [e for e in events(log) if e["event"] in ("straggler", "straggler_cleared")]
     assert "straggler" not in out
+
+
+def test_a_throttled_pytorch_worker_is_named_a_straggler(elastic_run, tmp_path):
+    """PyTorch workers (examples/train_digits.py: DistributedOptimizer's background
+    allreduces beside the training thread), one of four throttled: it is named, and nothing
+    else changes (the job ends as it would have)."""
+    from test_python_api import PY, py_env
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_digits.py")
+    log = str(tmp_path / "events.jsonl")
+    try:
+        throttle = Throttle(f"elastic-straggler-torch-{os.getpid()}", 0.15)
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    job = Job([elastic_run, "-np", "4", "--event-log", log, PY, example, "--epochs", "10",
+               "--hidden", "1024"], env=py_env())
+    try:
+        job.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=120)
+        throttle.add(pid_of(log, "localhost:2"))
+        named = wait_event(log, lambda e: e["event"] == "straggler", timeout=60)
+        assert named["slot"] == "localhost:2" and named["ratio"] >= 1.5, named
+        assert job.wait(timeout=240) == 0, job.text()
+    finally:
+        job.kill()
+        throttle.close()
+    assert "final: 240 steps" in job.text(), job.text()
+    check_event_schema(log, stragglers=True)
+    assert len([e for e in events(log) if e["event"] == "round_formed"]) == 1
