@@ -547,12 +547,16 @@ void Policy::OnResumed(const std::vector<std::string>& adopted) {
   std::set<std::string> kept(adopted.begin(), adopted.end());
   std::vector<std::string> gone;
   for (auto& [slot, w] : s_.workers) {
+    // Every stream the old driver counted went with it: none will close here. Left counted,
+    // a slot whose process ended meanwhile passes them to its next process as closes to
+    // ignore (Launch), and that process's own close (stopped, hung) is never seen: soak seed
+    // 84301731, job 4, a member stopped after the adoption held the round for 90 s.
+    w.watches = 0;
+    w.stale_closes = 0;
     if (!w.running) continue;
     if (kept.count(slot)) {
       // Its stream went with the old driver; it re-opens it within 200 ms of this one
       // listening, unless it is stopped, hung or cut off.
-      w.watches = 0;
-      w.stale_closes = 0;
       if (!s_.shutting_down) w.lost_at = Now() + d_.rendezvous_timeout;
     } else {
       gone.push_back(slot);
@@ -872,8 +876,8 @@ void Policy::OnReport(const rendezvous::Report& r) {
         s_.first_commit_logged = true;
         if (s_.recovering) {
           // The worker's own phases (durations) ride on its first commit report.
-          Event("recovery_phase", {{"phase", "rebuild"}, {"duration", r.rebuild_seconds}});
-          Event("recovery_phase", {{"phase", "sync"}, {"duration", r.sync_seconds}});
+          Event("recovery_phase", {{"phase", "rebuild"}, {"seconds", r.rebuild_seconds}});
+          Event("recovery_phase", {{"phase", "sync"}, {"seconds", r.sync_seconds}});
           Event("recovery_phase",
                 {{"phase", "first_step"}, {"seconds", Secs(Now() - s_.recovery_start)}});
           s_.recovering = false;

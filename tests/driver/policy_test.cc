@@ -1572,6 +1572,38 @@ TEST_CASE("policy: a resumed policy keeps the adopted round, loses the gone and 
   CHECK(killed[0]->signal == SIGKILL);
 }
 
+TEST_CASE("policy: the process started after the adoption for a slot that ended meanwhile is "
+          "lost when its stream breaks",
+          "[policy]") {
+  // Soak seed 84301731, job 4: the old driver had counted the slot's stream; the adopting
+  // driver passed that count to the slot's next process as a close to ignore, and when that
+  // process was stopped its stream's close was ignored: the round waited 90 s.
+  DriverOptions d = Static({{"localhost", 3}}, 3, 1);
+  d.host_failure_limit = 0;
+  Job dead(d);
+  dead.StartFormed({{"localhost", 3}}, {"localhost:0", "localhost:1", "localhost:2"});
+  dead.Take();
+  for (const char* slot : {"localhost:0", "localhost:1", "localhost:2"}) {
+    dead.policy->OnWatch(slot, true);
+  }
+  dead.Take();
+  Job j(d);
+  Adopt(dead, d, &j);
+  j.policy->OnResumed({"localhost:0", "localhost:1"});  // localhost:2 ended meanwhile
+  auto acts = j.Take();
+  auto launched = Of(acts, Action::kLaunch);
+  REQUIRE(launched.size() == 1);
+  CHECK(launched[0]->slot == "localhost:2");
+  j.policy->OnWatch("localhost:0", true);
+  j.policy->OnWatch("localhost:1", true);
+  j.policy->OnWatch("localhost:2", true);  // the new process's stream
+  j.Take();
+  j.policy->OnWatch("localhost:2", false);  // it is stopped: its stream breaks
+  j.Advance(d.liveness_timeout);
+  // Lost (a newcomer not yet in the round: killed; a member would be named hung).
+  CHECK(Slots(j.Take(), Action::kSignal, SIGKILL) == std::vector<std::string>{"localhost:2"});
+}
+
 TEST_CASE("policy: a round proposed but not formed when the driver died is proposed again",
           "[policy]") {
   DriverOptions d = Static({{"localhost", 3}}, 3, 1);
