@@ -98,7 +98,7 @@ void Monitor::OnEvent(const std::string& name, const JsonFields& fields) {
     counters_["elastic_leaves_total"] += 1;
   } else if (name == "recovery_phase") {
     std::string phase = Str(fields, "phase");
-    double secs = Num(fields, "seconds", Num(fields, "duration"));
+    double secs = Num(fields, "seconds");
     if (secs >= 0 && !phase.empty()) {
       auto& obs = phase_seconds_[phase];
       obs.push_back(secs);

@@ -127,7 +127,7 @@ for line in open(sys.argv[1]):
     if e["event"] == "recovery_phase" and "seconds" in e:
         print(f"  recovery {e['phase']:<10} +{e['seconds']*1000:.1f} ms after the kill was detected")
     elif e["event"] == "recovery_phase":
-        print(f"  recovery {e['phase']:<10} took {e['duration']*1000:.1f} ms (in the workers)")
+        print(f"  recovery {e['phase']:<10} took {e['seconds']*1000:.1f} ms (in the workers)")
 PY
 if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
   step "timeline picture (scripts/elastic-timeline)"

@@ -90,7 +90,7 @@ EVENT_SCHEMA = {
     "member_left": {"slot": STR, "round": INT},
     "worker_exited": {"slot": STR, "rank": (int, NULL), "round": INT, "code": INT,
                       "status": STR},
-    "recovery_phase": {"phase": STR},
+    "recovery_phase": {"phase": STR, "seconds": NUM},
     "holder_kept": {"slot": STR, "version": INT},
     "state_lost": {"round": INT, "newest_committed": INT, "members": LIST, "start_over": BOOL},
     "job_ending": {"code": INT, "message": STR}, "job_ended": {"code": INT, "message": STR},
