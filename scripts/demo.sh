@@ -124,10 +124,10 @@ for line in open(sys.argv[1]):
     e = json.loads(line)
     if e["event"] in ("round_formed",):
         print(f"  round {e['round']} formed: {len(e['members'])} workers")
-    if e["event"] == "recovery_phase" and "seconds" in e:
-        print(f"  recovery {e['phase']:<10} +{e['seconds']*1000:.1f} ms after the kill was detected")
-    elif e["event"] == "recovery_phase":
+    if e["event"] == "recovery_phase" and e["phase"] in ("rebuild", "sync"):
         print(f"  recovery {e['phase']:<10} took {e['seconds']*1000:.1f} ms (in the workers)")
+    elif e["event"] == "recovery_phase":
+        print(f"  recovery {e['phase']:<10} +{e['seconds']*1000:.1f} ms after the kill was detected")
 PY
 if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
   step "timeline picture (scripts/elastic-timeline)"
