@@ -1111,7 +1111,37 @@ void Policy::OnCheckpointReport(const Worker& w, const rendezvous::Report& r) {
                    "; pass --start-over-if-state-lost to train again from the start");
 }
 
+// A round formed although no member holds a commit (the core starts over: it forgets the
+// versions it knew). Said even when the policy has already moved past the round: a newcomer or
+// a failure can fence it before the driver's loop hears it formed (test_faults.py's
+// every-holder-gone test, in CI: both workers killed at commit 3, the relaunch's round formed
+// over the lost one with versions counted from 0 again, and the restart went unsaid). The
+// next round with no commit then restores for it (OnRoundFormed hands restore_round on).
+void Policy::NoteStateLost(const rendezvous::FormedRound& f) {
+  if (!d_.checkpoint_dir.empty()) {
+    s_.restore_round = f.round;
+    s_.lost_round = f.round;
+    s_.lost_committed = f.newest_committed;
+    Log(Action::kWarn,
+        fmt::format("state lost: no worker of round {} holds a commit (the newest was version "
+                    "{}); rank 0 restores the newest checkpoint from {}",
+                    f.round, f.newest_committed, d_.checkpoint_dir));
+  } else {
+    Log(Action::kWarn,
+        fmt::format("state lost: no worker of round {} holds a commit (the newest was version "
+                    "{}); starting over from the initial state (--start-over-if-state-lost)",
+                    f.round, f.newest_committed));
+  }
+  JsonFields fields{{"round", f.round},
+                     {"newest_committed", f.newest_committed},
+                     {"members", f.members},
+                     {"start_over", d_.checkpoint_dir.empty()}};
+  if (!d_.checkpoint_dir.empty()) fields.emplace_back("from_checkpoint", true);
+  Event("state_lost", std::move(fields));
+}
+
 void Policy::OnRoundFormed(const rendezvous::FormedRound& f) {
+  if (f.state_lost) NoteStateLost(f);
   if (f.round != s_.round) return;
   s_.formed = f.round;
   s_.formed_at = Now();
@@ -1142,29 +1172,7 @@ void Policy::OnRoundFormed(const rendezvous::FormedRound& f) {
                     f.round, s_.restore_round, f.round));
     s_.restore_round = f.round;
   }
-  if (f.state_lost && !d_.checkpoint_dir.empty()) {
-    s_.restore_round = f.round;
-    s_.lost_round = f.round;
-    s_.lost_committed = f.newest_committed;
-    Log(Action::kWarn,
-        fmt::format("state lost: no worker of round {} holds a commit (the newest was version "
-                    "{}); rank 0 restores the newest checkpoint from {}",
-                    f.round, f.newest_committed, d_.checkpoint_dir));
-    Event("state_lost", {{"round", f.round},
-                         {"newest_committed", f.newest_committed},
-                         {"members", f.members},
-                         {"start_over", false},
-                         {"from_checkpoint", true}});
-  } else if (f.state_lost) {
-    Log(Action::kWarn,
-        fmt::format("state lost: no worker of round {} holds a commit (the newest was version "
-                    "{}); starting over from the initial state (--start-over-if-state-lost)",
-                    f.round, f.newest_committed));
-    Event("state_lost", {{"round", f.round},
-                         {"newest_committed", f.newest_committed},
-                         {"members", f.members},
-                         {"start_over", true}});
-  } else if (f.version > 0 && f.version < f.newest_committed) {
+  if (!f.state_lost && f.version > 0 && f.version < f.newest_committed) {
     Log(Action::kWarn,
         fmt::format("round {}: the newest version any member holds is {} (version {} was "
                     "committed by workers that are gone); training goes on from version {}",

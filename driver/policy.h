@@ -246,6 +246,7 @@ class Policy {
   // is still starting is as good as a new process, or better).
   static constexpr Duration kSpareStart = std::chrono::seconds(10);
   bool IsMember(const std::string& slot) const;
+  void NoteStateLost(const rendezvous::FormedRound& f);
   void Log(Action::Level level, std::string message);
   void Event(std::string name, JsonFields fields);
   void Emit(Action a) { actions_.push_back(std::move(a)); }

@@ -668,6 +668,61 @@ TEST_CASE("policy: a state-lost round superseded before its restore hands the re
   CHECK_FALSE(job.policy->shutting_down());
 }
 
+// CI (test_faults.py, every holder gone, --start-over-if-state-lost): both workers killed at
+// commit 3; the relaunched slot's newcomer made the policy propose round 3 before the driver's
+// loop heard that round 2 had formed state-lost. The policy dropped round 2's formation as
+// stale, the core had started versions over, and round 3 formed from version 0 with no word of
+// the loss: a silent restart.
+TEST_CASE("policy: a state-lost round formed after the policy moved on is still said",
+          "[unit]") {
+  for (bool checkpoints : {false, true}) {
+    DriverOptions d = Static({{"a", 2}}, 2, 1);
+    d.start_over_if_state_lost = !checkpoints;
+    if (checkpoints) d.checkpoint_dir = "/ckpt";
+    Job job(d);
+    job.StartFormed({{"a", 2}}, {"a:0", "a:1"});
+    job.Commit("a:0", 0, 3);
+    job.policy->OnMemberLeft(0, "a:1");  // round 1 is proposed
+    job.Take();
+    const int64_t first = job.policy->state().round;
+    REQUIRE(first == 1);
+    job.policy->OnExit("a:0", 137, "signal 9 (Killed)");  // superseded before it is heard formed
+    job.Take();
+    REQUIRE(job.policy->state().round > first);
+    FormedRound lost;
+    lost.round = first;
+    lost.members = {"a:0", "a:1"};
+    lost.versions = {0, 0};
+    lost.newest_committed = 3;
+    lost.state_lost = true;
+    job.policy->OnRoundFormed(lost);  // heard late: the policy is past it
+    auto a = job.Take();
+    auto said = Events(a, "state_lost");
+    REQUIRE(said.size() == 1);
+    CHECK(std::get<int64_t>(*Field(*said[0], "newest_committed")) == 3);
+    CHECK(std::get<int64_t>(*Field(*said[0], "round")) == lost.round);
+    CHECK(Events(a, "round_formed").empty());  // the stale round itself is not taken up
+    if (!checkpoints) continue;
+    // The next round holds no commit either (the core no longer counts the loss): its rank 0's
+    // restore is the loss's, and finding no checkpoint ends the job.
+    FormedRound next;
+    next.round = job.policy->state().round;
+    next.members = {"a:0", "a:1"};
+    next.versions = {0, 0};
+    job.policy->OnRoundFormed(next);
+    rendezvous::Report r;
+    r.slot = "a:0";
+    r.kind = rendezvous::ReportKind::kRestored;
+    r.round = next.round;
+    r.version = 0;
+    r.message = "no checkpoint in /ckpt";
+    job.policy->OnReport(r);
+    job.Take();
+    CHECK(job.policy->exit_code() == 1);
+    CHECK_THAT(job.policy->final_message(), Catch::Contains("state lost"));
+  }
+}
+
 TEST_CASE("policy: a failed member's survivors get one ABORT each, no fence after it", "[unit]") {
   // The survivors of a formed round are told to abort it; the next round's proposal does not
   // fence them again (they have stopped), so the driver sends one message per survivor.
