@@ -6,6 +6,7 @@ same cores). Prints one JSON line per measured step on rank 0: {"impl", "size", 
 "seconds"}.
 
     elastic-run -np 2 python3 bench/torch_step_worker.py elastic --steps 10
+    elastic-run -np 2 python3 bench/torch_step_worker.py elastic --steps 10 --profile
     python3 bench/torch_step_worker.py ddp --size 2 --steps 10 --port 29500
     python3 bench/torch_step_worker.py compute --size 2 --steps 10
 """
@@ -28,6 +29,67 @@ def model(args):
     return nn.Sequential(*mods, nn.Linear(args.width, 10))
 
 
+class Profile:
+    """Where a step of ours goes, timed on the worker itself (--profile): forward, backward
+    (with the gradient hooks' own time apart), each bucket's reduction on the background thread
+    (the C++ call, inside which the GIL is released), the wait for the buckets in step(), and
+    the wrapped optimizer's step. Exposed communication is the wait in step(): what backward
+    did not hide."""
+
+    def __init__(self, opt):
+        import elastic.torch as et
+        self.opt, self.rows, self.t = opt, [], {}
+        self.hooks = 0.0
+        self.spans = []  # (start, end, bytes) of each bucket's reduction, perf_counter
+        reduce, make_hook = opt._reduce, opt._make_hook
+
+        def timed_reduce(params):
+            t0 = time.perf_counter()
+            reduce(params)
+            nbytes = sum(p.grad.numel() * p.grad.element_size() for p in params
+                         if p.grad is not None)
+            self.spans.append((t0, time.perf_counter(), nbytes))
+        opt._reduce = timed_reduce
+
+        assert isinstance(opt, et.DistributedOptimizer)
+        for acc, handle in opt._hooks:  # re-register the hooks, timed
+            handle.remove()
+        opt._hooks = []
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if not p.requires_grad:
+                    continue
+                inner = make_hook(p)
+
+                def hook(*a, inner=inner):
+                    t0 = time.perf_counter()
+                    inner(*a)
+                    self.hooks += time.perf_counter() - t0
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                opt._hooks.append((acc, acc.register_hook(hook)))
+
+    def step(self, m, opt, x, y):
+        self.hooks, self.spans = 0.0, []
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(m(x), y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.synchronize()
+        t3 = time.perf_counter()
+        opt.optimizer.step()
+        t4 = time.perf_counter()
+        spans = sorted(self.spans)
+        self.last = {
+            "forward": t1 - t0, "backward": t2 - t1, "hooks": self.hooks, "wait": t3 - t2,
+            "optimizer": t4 - t3, "buckets": len(spans),
+            "reduce_busy": sum(e - s for s, e, _ in spans),
+            "reduce_after_backward": sum(max(0.0, e - max(s, t2)) for s, e, _ in spans),
+            "first_bucket_start": (spans[0][0] - t1) if spans else 0.0,
+            "last_bucket": ((spans[-1][1] - spans[-1][0]), spans[-1][2]) if spans else (0, 0)}
+
+
 def train(impl, rank, size, args, step_fn_setup):
     torch.manual_seed(0)
     torch.set_num_threads(max(1, 2 // size) if args.threads == 0 else args.threads)
@@ -42,7 +104,10 @@ def train(impl, rank, size, args, step_fn_setup):
         step(m, opt, x, y)
         dt = time.perf_counter() - t0
         if rank == 0 and i >= args.warmup:
-            print(json.dumps({"impl": impl, "size": size, "step": i, "seconds": dt}), flush=True)
+            row = {"impl": impl, "size": size, "step": i, "seconds": dt}
+            if getattr(step, "__self__", None) is not None and hasattr(step.__self__, "last"):
+                row["profile"] = step.__self__.last
+            print(json.dumps(row), flush=True)
 
 
 def sgd_step(m, opt, x, y):
@@ -61,7 +126,11 @@ def run_elastic(args):
 
     def setup(m):
         opt = et.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.01),
-                                      named_parameters=m.named_parameters(), bucket_bytes=bucket)
+                                      named_parameters=m.named_parameters(), bucket_bytes=bucket,
+                                      last_bucket_bytes=bucket if args.impl == "elastic-one-bucket"
+                                      else args.last_bucket)
+        if args.profile:
+            return opt, Profile(opt).step
         return opt, sgd_step
     train(args.impl, elastic.rank(), elastic.size(), args, setup)
 
@@ -98,6 +167,11 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--last-bucket", type=int, default=1 << 20,
+                   help="elastic: DistributedOptimizer's last_bucket_bytes")
+    p.add_argument("--profile", action="store_true",
+                   help="elastic only: each step's parts (forward, backward, hooks, bucket "
+                        "reductions, the wait in step(), the optimizer) in its JSON line")
     args = p.parse_args()
     if args.impl.startswith("elastic"):
         run_elastic(args)

@@ -284,19 +284,55 @@ class ElasticSampler(torch.utils.data.Sampler):
 
 # --- gradients -------------------------------------------------------------------------------------
 
+def _buckets(params, cap, last_cap):
+    """Buckets of `params` in the order their gradients come (roughly the reverse of the
+    definition order). Whatever is still being reduced when backward ends is the step's
+    exposed communication, and the last bucket (the first layers', ready only at the very end)
+    is all exposed: so the buckets are filled from the first layers on, the first ones small
+    (`last_cap`), each next one 4x larger, up to `cap`. (bench/torch_step_worker.py --profile
+    measured it: with plain 25 MiB buckets, ResNet-18's last bucket held 24 MiB and its whole
+    reduction came after backward.)"""
+    buckets, cur, cur_bytes = [], [], 0
+    size = min(last_cap, cap)
+    for p in params:  # definition order: the bucket reduced last first
+        nbytes = p.numel() * p.element_size()
+        if cur and cur_bytes + nbytes > cap:  # never over `cap` but for a single tensor
+            buckets.append(cur)
+            cur, cur_bytes = [], 0
+        cur.append(p)
+        cur_bytes += nbytes
+        if cur_bytes >= size:
+            buckets.append(cur)
+            cur, cur_bytes = [], 0
+            size = min(size * 4, cap)
+    if cur:
+        buckets.append(cur)
+    return [list(reversed(b)) for b in reversed(buckets)]
+
+
+def _flat(params):
+    """One zeroed tensor as large as `params` together, when they share a dtype and device
+    and are dense (else None: that bucket is fused on each reduction)."""
+    first = params[0]
+    if any(p.dtype != first.dtype or p.device != first.device or p.is_sparse for p in params):
+        return None
+    return torch.zeros(sum(p.numel() for p in params), dtype=first.dtype, device=first.device)
+
+
 class DistributedOptimizer(torch.optim.Optimizer):
     """Wraps `optimizer` so that step() applies gradients averaged over every rank.
 
-    Gradients are reduced in fused buckets (default 25 MiB, like DDP's) that start while
-    backward is still running: a hook on each parameter's gradient accumulation marks it ready,
-    and a full bucket goes to a background thread whose allreduce releases the GIL, so
+    Gradients are reduced in fused buckets (up to 25 MiB, like DDP's; those of the first
+    layers, reduced last, smaller: from `last_bucket_bytes` up, so that little is left to
+    reduce when backward ends) that start while backward is still running: a hook on each
+    parameter's gradient accumulation marks it ready, and a full bucket goes to a background thread whose allreduce releases the GIL, so
     communication overlaps the rest of the backward pass. step() waits for the buckets, then
     steps the wrapped optimizer. With backward_passes_per_step=k, gradients are reduced after
     every k-th backward (accumulate locally in between).
     """
 
     def __init__(self, optimizer, named_parameters=None, backward_passes_per_step=1,
-                 op=elastic.Average, bucket_bytes=25 << 20):
+                 op=elastic.Average, bucket_bytes=25 << 20, last_bucket_bytes=1 << 20):
         self.optimizer = optimizer
         self.op = op
         self.backward_passes_per_step = backward_passes_per_step
@@ -305,22 +341,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
         else:
             params = [p for g in optimizer.param_groups for p in g["params"]]
         params = [p for p in params if p.requires_grad]
-        # Gradients arrive roughly in reverse order of definition: bucket them that way.
-        self._buckets = []
-        cur, cur_bytes = [], 0
-        for p in reversed(params):
-            nbytes = p.numel() * p.element_size()
-            if cur and cur_bytes + nbytes > bucket_bytes:
-                self._buckets.append(cur)
-                cur, cur_bytes = [], 0
-            cur.append(p)
-            cur_bytes += nbytes
-        if cur:
-            self._buckets.append(cur)
+        self._buckets = _buckets(params, bucket_bytes, last_bucket_bytes)
         self._bucket_of = {}
         for b, ps in enumerate(self._buckets):
             for p in ps:
                 self._bucket_of[p] = b
+        # Each bucket's gradients live in one flat tensor (as DDP's gradient_as_bucket_view):
+        # a bucket is reduced in place with no copy into and out of a fusion buffer. A gradient
+        # that is not its view (the first step's, or one set to None and made anew) goes the
+        # fused way and is put back into its view after the step's reductions.
+        self._flat = [_flat(ps) for ps in self._buckets]
+        self._views = {}
+        for flat, ps in zip(self._flat, self._buckets):
+            off = 0
+            for p in ps if flat is not None else ():
+                self._views[p] = flat[off:off + p.numel()].view_as(p)
+                off += p.numel()
         self._passes = {p: 0 for p in params}
         self._ready = [0] * len(self._buckets)
         self._launched = [False] * len(self._buckets)
@@ -396,9 +432,31 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _reduce(self, params):
         """Reduces the gradients of `params` (one bucket) in place over every rank; runs on
         the background thread."""
+        if elastic.size() <= 1:
+            return
+        b = self._bucket_of.get(params[0]) if params else None
+        flat = self._flat[b] if b is not None else None
+        if (flat is not None and len(params) == len(self._buckets[b])
+                and all(p.grad is not None and p.grad.data_ptr() == self._views[p].data_ptr()
+                        for p in params)):
+            elastic.allreduce_(flat, op=self.op)
+            return
         grads = [p.grad for p in params if p.grad is not None]
-        if grads and elastic.size() > 1:
+        if grads:
             elastic.grouped_allreduce_(grads, op=self.op)
+
+    def _attach_views(self):
+        """Puts each reduced gradient that is not its bucket's view into it (values kept; a
+        gradient that is None stays None: an optimizer skips those)."""
+        with torch.no_grad():
+            for p, view in self._views.items():
+                g = p.grad
+                if g is None or g.data_ptr() == view.data_ptr() or g.is_sparse:
+                    continue
+                if g.shape != view.shape or g.dtype != view.dtype or g.device != view.device:
+                    continue
+                view.copy_(g)
+                p.grad = view
 
     def synchronize(self):
         """Waits until every bucket of this step is reduced (launching those whose gradients
@@ -406,6 +464,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         error = self._finish(launch=True)
         if error is not None:
             raise error
+        self._attach_views()
 
     def _finish(self, launch):
         """Waits for the buckets in flight (launching the rest first if `launch`), resets the

@@ -49,6 +49,17 @@ def test_torch_tensors_every_dtype_including_bfloat16(elastic_run):
     assert "api ok rank 1 of 2" in out, out
 
 
+@pytest.mark.parametrize("np_", [2, 3])
+def test_distributed_optimizer_buckets_give_every_rank_the_average_gradient(elastic_run, np_):
+    """Tapered buckets whose gradients are views of one flat tensor each, reduced in place;
+    gradients set to None and made anew go the fused way and are put back into the views."""
+    rc, out = run([elastic_run, "-np", str(np_), PY,
+                   os.path.join(WORKERS, "optimizer_buckets.py")], env=py_env(), timeout=180)
+    assert rc == 0, out
+    for r in range(np_):
+        assert f"buckets ok rank {r} of {np_}" in out, out
+
+
 def test_a_script_runs_under_plain_python3_as_a_job_of_size_1():
     p = subprocess.run([PY, os.path.join(WORKERS, "api_worker.py")], env=py_env(),
                        capture_output=True, text=True, timeout=120)
