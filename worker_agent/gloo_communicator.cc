@@ -1265,6 +1265,9 @@ void GlooCommunicator::HierarchicalAllreduce(void* data, size_t count, DataType 
         auto input = [&](int r) { return r == me ? mine + k * es : shm_->slot(half, r) + k * es; };
         std::memcpy(acc, input(0), m * es);
         for (int r = 1; r < local_size; ++r) fn(acc, acc, input(r), m);
+        // One host: the average is made here, while the block is in the cache, rather than
+        // in a pass of its own over the whole result afterwards.
+        if (!cross_phase && op == ReduceOp::kAvg) DivideAll(acc, m, dtype, topo_.size);
         std::memcpy(out + k * es, acc, m * es);
         if (!cross_phase) std::memcpy(mine + k * es, acc, m * es);
       }
@@ -1280,6 +1283,7 @@ void GlooCommunicator::HierarchicalAllreduce(void* data, size_t count, DataType 
       }
       // The next chunk uses the other half: no barrier is needed after the copy-out.
     }
+    if (!cross_phase) return;  // averaged block by block above
   }
   if (op == ReduceOp::kAvg) DivideAll(data, count, dtype, topo_.size);
 }
