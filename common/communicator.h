@@ -28,8 +28,14 @@ class HostsUpdated : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The one list of each: the Python binding hands these codes (and DataTypeName /
+// ReduceOpName) to the elastic package, which names them (python/src/module.cc).
 enum class DataType { kF32, kF64, kF16, kBF16, kI32, kI64 };
 enum class ReduceOp { kSum, kAvg, kMin, kMax };
+inline constexpr DataType kDataTypes[] = {DataType::kF32,  DataType::kF64, DataType::kF16,
+                                          DataType::kBF16, DataType::kI32, DataType::kI64};
+inline constexpr ReduceOp kReduceOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin,
+                                          ReduceOp::kMax};
 
 size_t DataTypeSize(DataType dtype);
 const char* DataTypeName(DataType dtype);

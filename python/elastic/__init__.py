@@ -67,7 +67,7 @@ def _register_stack_dump():
 _register_stack_dump()
 
 # Reduction ops (Horovod's names).
-Sum, Average, Min, Max = 0, 1, 2, 3
+Sum, Average, Min, Max = (_C.REDUCE_OPS[n] for n in ("sum", "avg", "min", "max"))
 _OPS = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max"}
 
 _initialized = False
@@ -138,9 +138,12 @@ def slot():
 
 # --- buffers: numpy arrays and CPU torch tensors, by pointer (never copied) -----------------
 
-_NUMPY_CODES = {"float32": 0, "float64": 1, "float16": 2, "int32": 4, "int64": 5}
-_TORCH_CODES = {"torch.float32": 0, "torch.float64": 1, "torch.float16": 2,
-                "torch.bfloat16": 3, "torch.int32": 4, "torch.int64": 5}
+# The codes are the C++ enum's (common/communicator.h), from the binding.
+_NUMPY_CODES = {n: _C.DTYPES[c] for n, c in (("float32", "f32"), ("float64", "f64"),
+                                              ("float16", "f16"), ("int32", "i32"),
+                                              ("int64", "i64"))}
+_TORCH_CODES = {"torch." + n: c for n, c in _NUMPY_CODES.items()}
+_TORCH_CODES["torch.bfloat16"] = _C.DTYPES["bf16"]
 
 
 def _is_torch(x):

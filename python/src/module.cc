@@ -156,13 +156,17 @@ class PyState : public State {
 };
 
 DataType DType(int code) {
-  if (code < 0 || code > 5) throw py::value_error("unknown dtype code " + std::to_string(code));
-  return static_cast<DataType>(code);
+  for (DataType t : kDataTypes) {
+    if (static_cast<int>(t) == code) return t;
+  }
+  throw py::value_error("unknown dtype code " + std::to_string(code));
 }
 
 ReduceOp Op(int code) {
-  if (code < 0 || code > 3) throw py::value_error("unknown reduce op " + std::to_string(code));
-  return static_cast<ReduceOp>(code);
+  for (ReduceOp o : kReduceOps) {
+    if (static_cast<int>(o) == code) return o;
+  }
+  throw py::value_error("unknown reduce op " + std::to_string(code));
 }
 
 Communicator& Comm() { return Init().comm(); }
@@ -197,6 +201,12 @@ PYBIND11_MODULE(_elastic, m) {
     });
   });
 
+  // The codes of common/communicator.h's enums, by name: the package's only source of them.
+  py::dict dtypes, ops;
+  for (DataType t : kDataTypes) dtypes[DataTypeName(t)] = static_cast<int>(t);
+  for (ReduceOp o : kReduceOps) ops[ReduceOpName(o)] = static_cast<int>(o);
+  m.attr("DTYPES") = dtypes;
+  m.attr("REDUCE_OPS") = ops;
   m.def(
       "init", [] { Init(); }, py::call_guard<py::gil_scoped_release>(),
       "Joins the job (round 0) and builds the communicator; idempotent.");
