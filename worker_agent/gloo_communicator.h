@@ -12,6 +12,8 @@
 #include <sys/socket.h>
 
 #include "common/common.h"
+#include "worker_agent/gloo_pairs.h"
+#include "worker_agent/topology.h"
 #include "worker_agent/store.h"
 
 namespace gloo {
@@ -23,15 +25,6 @@ namespace elastic::worker_agent {
 class AbortableContext;
 class ShmGroup;
 class ShmKeeper;
-
-struct Topology {
-  int rank = 0;
-  int size = 1;
-  int local_rank = 0;
-  int local_size = 1;
-  int cross_rank = 0;
-  int cross_size = 1;
-};
 
 struct GlooOptions {
   std::string iface;     // bind to this interface when set ...
@@ -53,28 +46,11 @@ struct GlooOptions {
   std::shared_ptr<ShmKeeper> shm_keeper;
 };
 
-// Finds this process's connected TCP sockets whose peer is one of `peers` or whose own
-// address is one of `own`, and makes them close with a reset instead of leaving a minute of
-// TIME_WAIT behind (SO_LINGER 0). Returns how many. GlooCommunicator calls it on its pairs.
-int ResetPairsOnClose(const std::vector<struct sockaddr_storage>& peers,
-                      const std::vector<struct sockaddr_storage>& own);
-
 // The ranks `rank` connects to in a communicator of `size`: those at distances +-2^k (mod
 // size). Gloo's ring allreduce, allgather and allgatherv use +-1, its broadcast (a binomial
 // tree in the root's numbering) and its dissemination barrier +-2^k: about 2 log2(size) pairs
 // per rank, not size - 1. Sorted, without `rank`.
 std::vector<int> GlooPeers(int rank, int size);
-
-// What a rank publishes for its peers: for each (peer, address of this rank's pair for it),
-// the first address whole and the others as their differences from it (a few bytes each).
-std::string EncodeAddresses(const std::vector<std::pair<int, std::vector<char>>>& per_peer);
-// A pair's address (Gloo's tcp::Address bytes) with the bytes of its sockaddr_storage that the
-// address family does not use zeroed (getsockname leaves them as they were: stack garbage,
-// which differs from pair to pair and would defeat EncodeAddresses).
-std::vector<char> CanonicalPairAddress(const std::vector<char>& bytes);
-// The address that rank `peer` published (`blob`, from EncodeAddresses) for `rank`; an
-// INVALID_ARGUMENT that names `peer` when there is none or the blob is malformed.
-StatusOr<std::vector<char>> AddressFor(const std::string& blob, int rank, int peer);
 
 class GlooCommunicator : public Communicator {
  public:

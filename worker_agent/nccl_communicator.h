@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "common/common.h"
-#include "worker_agent/gloo_communicator.h"
 #include "worker_agent/nccl_api.h"
 #include "worker_agent/store.h"
+#include "worker_agent/topology.h"
 
 namespace elastic::worker_agent {
 
