@@ -444,6 +444,17 @@ bool Process::TryReap(int* code) {
     return true;
   }
   if (!reaped_) {
+    // Ended? (Looked at without reaping it: while the child is a zombie its pid, the id of
+    // its process group, cannot be taken by another process.) What it left in its group
+    // goes with it: a PyTorch worker's DataLoader processes, say, which otherwise outlive a
+    // killed worker by up to 5 s (their own check of their parent) and the job with it (found
+    // by the python soak, seed 11757255 job 15).
+    siginfo_t info{};
+    if (waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+        info.si_pid != pid_) {
+      return false;
+    }
+    kill(-pid_, SIGKILL);
     int status = 0;
     pid_t r = waitpid(pid_, &status, WNOHANG);
     if (r != pid_) return false;

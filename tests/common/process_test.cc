@@ -67,6 +67,40 @@ TEST_CASE("stdin data reaches the program, and then EOF", "[unit]") {
   CHECK(WaitExit(**p, std::chrono::seconds(30)) == 7);
 }
 
+// The python soak (seed 11757255, job 15): a PyTorch worker killed by SIGKILL left its
+// DataLoader processes, in its process group, running after the job had ended.
+TEST_CASE("A reaped process takes what it left in its process group with it", "[unit]") {
+  LaunchSpec spec;
+  spec.argv = {"/bin/sh", "-c", "sleep 600 & echo $!; exit 3"};
+  auto p = Process::Start(spec);
+  REQUIRE(p.ok());
+  CHECK(WaitExit(**p, std::chrono::seconds(30)) == 3);
+  std::string out;
+  char buf[64];
+  ssize_t got;
+  while ((got = read((*p)->stdout_fd(), buf, sizeof buf)) > 0) out.append(buf, got);
+  const pid_t child = static_cast<pid_t>(std::atol(out.c_str()));
+  REQUIRE(child > 0);
+  // The oracle is /proc: the child is gone (or a zombie of init's, as good as gone).
+  auto alive = [child] {
+    std::string stat;
+    FILE* f = std::fopen(("/proc/" + std::to_string(child) + "/stat").c_str(), "r");
+    if (!f) return false;
+    char line[512] = {0};
+    size_t n = std::fread(line, 1, sizeof line - 1, f);
+    std::fclose(f);
+    stat.assign(line, n);
+    size_t close = stat.rfind(')');
+    return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
+  };
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (alive() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK_FALSE(alive());
+  if (alive()) kill(child, SIGKILL);
+}
+
 TEST_CASE("A kept stdin gives the program EOF only when it is closed", "[unit]") {
   LaunchSpec spec;
   // The first line, then it waits for EOF: exit 5 once stdin ends.
