@@ -171,6 +171,7 @@ Status Driver::Start() {
     host = all_local ? "127.0.0.1" : name;
   }
   rendezvous::ServerOptions so;
+  so.bdp_probe = opts_.grpc_bdp_probe;
   // Listen where the workers dial: on loopback alone when they dial a loopback address (every
   // host is this machine), on --driver-address when it is an IPv4 address, else everywhere.
   in_addr numeric;

@@ -13,6 +13,7 @@
 namespace elastic::driver {
 
 struct DriverOptions {
+  bool grpc_bdp_probe = false;  // ELASTIC_GRPC_BDP_PROBE=1 (read by driver/main.cc)
   std::vector<std::string> command;  // the worker program and its arguments
   // Static hosts (-H / --hostfile / localhost), used when there is no discovery script.
   std::vector<discovery::HostSlots> hosts;

@@ -293,6 +293,7 @@ int main(int argc, char** argv) {
   if (const char* v = std::getenv("ELASTIC_SHM_ALLREDUCE"); no_shm || (v && std::string(v) == "0")) {
     o.shm_allreduce = false;
   }
+  o.grpc_bdp_probe = elastic::Env("ELASTIC_GRPC_BDP_PROBE") == "1";
   if (verbose && log_level.empty()) log_level = "debug";
   auto logging = elastic::InitLogging(log_level, "driver");
   if (!logging.ok()) return fail(logging.message());

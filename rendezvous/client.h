@@ -32,8 +32,8 @@ struct ClientOptions {
   Duration first_backoff = std::chrono::milliseconds(20);
   Duration max_backoff = std::chrono::milliseconds(500);
   // HTTP/2 bandwidth-delay probing (a PING with every burst of data); off, since messages are
-  // small. $ELASTIC_GRPC_BDP_PROBE=1 turns it on.
-  bool bdp_probe = EnvFlag("ELASTIC_GRPC_BDP_PROBE", false);
+  // small. A worker turns it on for ELASTIC_GRPC_BDP_PROBE=1 (WorkerOptions).
+  bool bdp_probe = false;
 };
 
 class Client {

@@ -28,8 +28,9 @@ struct ServerOptions {
   Duration keepalive_timeout = std::chrono::seconds(2);
   // Answers Status calls (thread-safe); unset: UNIMPLEMENTED.
   std::function<std::string()> status_json;
-  // HTTP/2 bandwidth-delay probing; off ($ELASTIC_GRPC_BDP_PROBE=1 turns it on).
-  bool bdp_probe = EnvFlag("ELASTIC_GRPC_BDP_PROBE", false);
+  // HTTP/2 bandwidth-delay probing; off (elastic-run turns it on for
+  // ELASTIC_GRPC_BDP_PROBE=1, driver/main.cc).
+  bool bdp_probe = false;
 };
 
 class RendezvousService;

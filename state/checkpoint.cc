@@ -346,24 +346,6 @@ Checkpointer::~Checkpointer() {
   thread_.join();
 }
 
-std::optional<Checkpointer::Options> Checkpointer::FromEnv() {
-  const char* dir = std::getenv("ELASTIC_CHECKPOINT_DIR");
-  if (dir == nullptr || *dir == '\0') return std::nullopt;
-  Options o;
-  o.dir = dir;
-  if (const char* s = std::getenv("ELASTIC_CHECKPOINT_INTERVAL")) {
-    char* end = nullptr;
-    double v = std::strtod(s, &end);
-    if (end != s && *end == '\0' && v >= 0 && v <= 1e7) o.interval = std::chrono::duration<double>(v);
-  }
-  if (const char* s = std::getenv("ELASTIC_CHECKPOINT_KEEP")) {
-    char* end = nullptr;
-    long v = std::strtol(s, &end, 10);
-    if (end != s && *end == '\0' && v >= 1 && v <= 1000) o.keep = static_cast<int>(v);
-  }
-  return o;
-}
-
 bool Checkpointer::Due() const {
   std::lock_guard<std::mutex> g(mu_);
   if (busy_) return false;

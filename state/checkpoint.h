@@ -102,10 +102,6 @@ class Checkpointer {
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
-  // The options from the environment the driver gives its workers (ELASTIC_CHECKPOINT_DIR,
-  // _INTERVAL, _KEEP); nullopt when checkpoints are off.
-  static std::optional<Options> FromEnv();
-
   // True when the interval has passed since the last write began (or none did) and none runs.
   bool Due() const;
   // Starts writing; false (nothing done) when a write is still running.

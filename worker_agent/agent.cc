@@ -45,81 +45,31 @@ std::string LocalAddressTowards(const std::string& driver_addr) {
 
 }  // namespace
 
-const char* BackendName(Backend b) {
-  switch (b) {
-    case Backend::kGloo: return "gloo";
-    case Backend::kNccl: return "nccl";
-    case Backend::kAuto: return "auto";
-  }
-  return "?";
-}
-
-StatusOr<Backend> ParseBackend(const std::string& name) {
-  for (Backend b : {Backend::kGloo, Backend::kNccl, Backend::kAuto}) {
-    if (name == BackendName(b)) return b;
-  }
-  return InvalidArgument("unknown backend '" + name + "': use gloo, nccl or auto");
-}
-
-StatusOr<WorkerEnv> WorkerEnv::FromEnvironment() {
-  WorkerEnv env;
-  env.driver_addr = Env("ELASTIC_DRIVER_ADDR");
-  env.token = Env("ELASTIC_JOB_TOKEN");
-  env.slot = Env("ELASTIC_SLOT");
-  env.hostname = Env("ELASTIC_HOSTNAME");
-  env.iface = Env("ELASTIC_IFACE");
-  env.worker_id = Env("ELASTIC_WORKER_ID");
-  env.ride_out_file = Env("ELASTIC_RIDE_OUT_FILE");
-  for (auto [name, value] :
-       {std::pair<const char*, std::string*>{"ELASTIC_DRIVER_ADDR", &env.driver_addr},
-        {"ELASTIC_JOB_TOKEN", &env.token},
-        {"ELASTIC_SLOT", &env.slot}}) {
-    if (value->empty()) {
-      return InvalidArgument(std::string(name) +
-                             " is not set: start this program under elastic-run, e.g. "
-                             "`elastic-run -np 2 ./train`");
-    }
-  }
-  if (env.hostname.empty()) env.hostname = env.slot.substr(0, env.slot.rfind(':'));
-  return env;
-}
-
-Agent::Agent(WorkerEnv env, AgentOptions options)
+Agent::Agent(WorkerOptions env, AgentOptions options)
     : env_(std::move(env)), options_(std::move(options)) {}
 
-StatusOr<std::unique_ptr<Agent>> Agent::Create(WorkerEnv env, AgentOptions options) {
+StatusOr<std::unique_ptr<Agent>> Agent::Create(WorkerOptions env, AgentOptions options) {
   if (options.gloo.iface.empty()) options.gloo.iface = env.iface;
   if (options.gloo.iface.empty() && options.gloo.hostname.empty()) {
     options.gloo.hostname = LocalAddressTowards(env.driver_addr);
   }
-  if (!options.backend) {
-    std::string b = Env("ELASTIC_BACKEND");
-    if (b.empty()) b = "auto";
-    auto parsed = ParseBackend(b);
-    if (!parsed.ok()) return parsed.status().WithContext("ELASTIC_BACKEND");
-    options.backend = *parsed;
-  }
-  if (Env("ELASTIC_NCCL_SHRINK") == "0") options.nccl_shrink = false;
+  // What the options leave unset, the environment (WorkerOptions) decides.
+  if (!options.backend) options.backend = env.backend.value_or(Backend::kAuto);
+  if (!env.nccl_shrink) options.nccl_shrink = false;
+  options.gloo.shm = options.gloo.shm && env.shm_allreduce;
+  options.gloo.shm_collectives = options.gloo.shm_collectives && env.shm_collectives;
+  options.gloo.lazy_pairs = options.gloo.lazy_pairs && env.gloo_lazy_pairs;
+  options.gloo.full_mesh = options.gloo.full_mesh || env.gloo_full_mesh;
+  if (options.gloo.shm_slot_bytes == 0) options.gloo.shm_slot_bytes = env.shm_slot_bytes;
   // This process's shared-memory segment serves its later rounds on the host when it can
   // (ShmKeeper); ELASTIC_SHM_REUSE=0: a new one every round.
-  if (!options.gloo.shm_keeper && Env("ELASTIC_SHM_REUSE") != "0") {
+  if (!options.gloo.shm_keeper && env.shm_reuse) {
     options.gloo.shm_keeper = std::make_shared<worker_agent::ShmKeeper>();
   }
   if (!options.driver_timeout) {
-    options.driver_timeout = std::chrono::seconds(120);
-    std::string t = Env("ELASTIC_DRIVER_TIMEOUT");
-    if (!t.empty()) {
-      char* end = nullptr;
-      double v = std::strtod(t.c_str(), &end);
-      if (end == t.c_str() || *end != '\0' || !(v >= 0 && v <= 86400)) {
-        return InvalidArgument("ELASTIC_DRIVER_TIMEOUT='" + t +
-                               "': give seconds from 0 to 86400 (elastic-run --driver-timeout)");
-      }
-      options.driver_timeout =
-          std::chrono::duration_cast<Duration>(std::chrono::duration<double>(v));
-    }
+    options.driver_timeout = env.driver_timeout.value_or(std::chrono::seconds(120));
   }
-  const bool spare = Env("ELASTIC_SPARE") == "1";
+  const bool spare = env.spare;
   // The backend: NCCL when asked (it must load and see a device), or under auto when it can.
   Backend backend = Backend::kGloo;
   std::shared_ptr<worker_agent::NcclApi> nccl_api;
@@ -133,11 +83,11 @@ StatusOr<std::unique_ptr<Agent>> Agent::Create(WorkerEnv env, AgentOptions optio
       api = options.nccl_api;
       why = options.nccl_api->DeviceCount(&devices);
     } else {
-      auto visible = worker_agent::VisibleCudaDevices();
+      auto visible = worker_agent::VisibleCudaDevices(env.cudart_library);
       why = visible.status();
       if (visible.ok()) devices = *visible;
       if (why.ok() && devices > 0) {
-        api = worker_agent::LoadNcclApi();
+        api = worker_agent::LoadNcclApi(env.nccl_library, env.cudart_library);
         why = api.status();
       }
     }
@@ -162,6 +112,7 @@ StatusOr<std::unique_ptr<Agent>> Agent::Create(WorkerEnv env, AgentOptions optio
   co.address = agent->env_.driver_addr;
   co.token = agent->env_.token;
   co.worker_id = agent->env_.worker_id;
+  co.bdp_probe = agent->env_.grpc_bdp_probe;
   agent->client_ = std::make_unique<rendezvous::Client>(co);
   agent->watch_ = std::thread([a = agent.get()] { a->WatchLoop(); });
   agent->reporter_ = std::thread([a = agent.get()] { a->ReportLoop(); });
@@ -608,7 +559,7 @@ Status Agent::SendReport(rendezvous::Report r) {
       }
     }
   }
-  if (const char* sig = std::getenv("ELASTIC_STACK_SIGNAL")) r.stack_signal = std::atoi(sig);
+  r.stack_signal = env_.stack_signal;
   if (r.message.size() > 4000) r.message.resize(4000);
   Status s = client_->SendReport(r);
   if (s.ok()) return s;
@@ -706,7 +657,7 @@ Agent& Init(AgentOptions options) {
     // Worker logs go to stderr, so the training program's stdout stays its own.
     Status logging = InitLogging("", "worker");
     if (!logging.ok()) std::fprintf(stderr, "elastic: %s\n", logging.message().c_str());
-    auto env = WorkerEnv::FromEnvironment();
+    auto env = WorkerOptions::FromEnvironment();
     if (!env.ok()) {
       std::fprintf(stderr, "elastic: %s\n", env.status().message().c_str());
       std::exit(2);

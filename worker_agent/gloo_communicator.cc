@@ -257,11 +257,11 @@ Status GlooCommunicator::Connect(RoundStore* store) {
     Status s = PlanShm(store, &plan);
     // Every rank on one host with the shared-memory allreduce: the flat pairs would serve
     // only broadcast, allgather and barrier, which go through the segment too unless
-    // ELASTIC_SHM_COLLECTIVES=0; then they connect at the first of those (EnsurePairs), which
+    // GlooOptions::shm_collectives is off; then they connect at the first of those (EnsurePairs), which
     // a round without a state sync may never call.
-    shm_flat_ = Env("ELASTIC_SHM_COLLECTIVES") != "0";
+    shm_flat_ = options_.shm_collectives;
     const bool lazy = plan.want && topo_.cross_size == 1 && topo_.size > 1 &&
-                      Env("ELASTIC_GLOO_LAZY_PAIRS") != "0";
+                      options_.lazy_pairs;
     if (s.ok() && lazy) {
       lazy_store_ = store;
       if (!plan.fetch_key.empty()) {
@@ -308,7 +308,7 @@ Status GlooCommunicator::ConnectPairs(RoundStore* store, const std::string& extr
   std::shared_ptr<gloo::transport::Context> pairs = device->createContext(topo_.rank, topo_.size);
   pairs->setTimeout(timeout);
   std::vector<int> peers_to;
-  if (options_.full_mesh || Env("ELASTIC_GLOO_FULL_MESH") == "1") {
+  if (options_.full_mesh) {
     for (int i = 0; i < topo_.size; ++i) {
       if (i != topo_.rank) peers_to.push_back(i);
     }

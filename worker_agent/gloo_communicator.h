@@ -33,14 +33,19 @@ struct GlooOptions {
   Duration collective_timeout = std::chrono::seconds(300);
   size_t fusion_bytes = 64u << 20;
   // Connect every pair (N-1 per rank) instead of the ones Gloo's algorithms use (GlooPeers).
-  // Default: ELASTIC_GLOO_FULL_MESH=1 in the environment, else off.
+  // The agent sets it from WorkerOptions::gloo_full_mesh (ELASTIC_GLOO_FULL_MESH=1).
   bool full_mesh = false;
   // When some host has more than one rank: ranks of a host allreduce through shared memory
   // and only each host's local rank 0 takes part in a cross-host Gloo ring of its own (the
   // hierarchical allreduce). Every rank must agree (any that cannot map the segment turns it
-  // off for all). ELASTIC_SHM_ALLREDUCE=0 in the environment turns it off too.
+  // off for all). The agent turns it off for ELASTIC_SHM_ALLREDUCE=0.
   bool shm = true;
   size_t shm_slot_bytes = 0;  // 0: ShmGroup::DefaultSlotBytes
+  // Every rank on one host with the shared-memory allreduce: broadcast, allgather and barrier
+  // go through the segment too (ELASTIC_SHM_COLLECTIVES=0: over the pairs), and the pairs
+  // connect only when something needs them (ELASTIC_GLOO_LAZY_PAIRS=0: when a round forms).
+  bool shm_collectives = true;
+  bool lazy_pairs = true;
   // Where this process keeps its segment between rounds (the Agent has one; null: a new
   // segment every round). A later round of the same processes on a host reuses it.
   std::shared_ptr<ShmKeeper> shm_keeper;

@@ -48,13 +48,7 @@ class PrefixStore : public RoundStore {
 
 uint64_t GlooCommunicator::shm_token() const { return shm_ ? shm_->token() : 0; }
 
-size_t GlooCommunicator::AskedSlotBytes() const {
-  size_t slot = options_.shm_slot_bytes;
-  if (const char* v = std::getenv("ELASTIC_SHM_SLOT_BYTES"); v && slot == 0) {
-    slot = std::strtoull(v, nullptr, 10);
-  }
-  return slot;
-}
+size_t GlooCommunicator::AskedSlotBytes() const { return options_.shm_slot_bytes; }
 
 std::string GlooCommunicator::NewSegment(std::unique_ptr<ShmGroup>* group,
                                          std::string* why) const {
@@ -80,7 +74,7 @@ std::unique_ptr<ShmGroup> GlooCommunicator::OpenSegment(const std::string& descr
 
 Status GlooCommunicator::PlanShm(RoundStore* store, ShmPlan* plan) {
   if (!SomeHostShared()) return Status::Ok();
-  plan->want = options_.shm && Env("ELASTIC_SHM_ALLREDUCE") != "0";
+  plan->want = options_.shm;
   if (topo_.local_size < 2) return Status::Ok();
   const std::string key = "shm/" + std::to_string(topo_.cross_rank);
   if (topo_.local_rank != 0) {

@@ -19,11 +19,11 @@ namespace elastic::worker_agent {
 
 bool NcclBackendBuilt() { return false; }
 
-StatusOr<int> VisibleCudaDevices() {
+StatusOr<int> VisibleCudaDevices(const std::string&) {
   return FailedPrecondition("this build of elastic has no NCCL backend");
 }
 
-StatusOr<std::shared_ptr<NcclApi>> LoadNcclApi() {
+StatusOr<std::shared_ptr<NcclApi>> LoadNcclApi(const std::string&, const std::string&) {
   return FailedPrecondition(
       "this build of elastic has no NCCL backend (CMake did not find nccl.h and "
       "cuda_runtime_api.h); rebuild with CUDA and NCCL installed and -DELASTIC_WITH_NCCL=ON, "
@@ -90,19 +90,17 @@ ncclRedOp_t NcclOp(ReduceOp op) {
   return ncclSum;
 }
 
-Status OpenCudart(Library* lib) {
-  const char* cudart_env = std::getenv("ELASTIC_CUDART_LIBRARY");
-  return lib->Open({cudart_env ? cudart_env : "", "libcudart.so.13", "libcudart.so.12",
+Status OpenCudart(Library* lib, const std::string& path) {
+  return lib->Open({path, "libcudart.so.13", "libcudart.so.12",
                     "libcudart.so", ELASTIC_CUDART_BUILD_PATH},
                    "the CUDA runtime (set ELASTIC_CUDART_LIBRARY to its path)");
 }
 
 class DlNcclApi : public NcclApi {
  public:
-  Status Load() {
-    const char* nccl_env = std::getenv("ELASTIC_NCCL_LIBRARY");
-    RETURN_IF_ERROR(OpenCudart(&cudart_));
-    RETURN_IF_ERROR(nccl_.Open({nccl_env ? nccl_env : "", "libnccl.so.2",
+  Status Load(const std::string& nccl_path, const std::string& cudart_path) {
+    RETURN_IF_ERROR(OpenCudart(&cudart_, cudart_path));
+    RETURN_IF_ERROR(nccl_.Open({nccl_path, "libnccl.so.2",
                                         "libnccl.so", ELASTIC_NCCL_BUILD_PATH},
                                        "NCCL (set ELASTIC_NCCL_LIBRARY to its path)"));
     RETURN_IF_ERROR(cudart_.Get("cudaGetDeviceCount", &get_device_count_));
@@ -271,9 +269,9 @@ class DlNcclApi : public NcclApi {
 
 }  // namespace
 
-StatusOr<int> VisibleCudaDevices() {
+StatusOr<int> VisibleCudaDevices(const std::string& cudart_path) {
   Library cudart;
-  RETURN_IF_ERROR(OpenCudart(&cudart));
+  RETURN_IF_ERROR(OpenCudart(&cudart, cudart_path));
   cudaError_t (*count)(int*) = nullptr;
   const char* (*error_string)(cudaError_t) = nullptr;
   RETURN_IF_ERROR(cudart.Get("cudaGetDeviceCount", &count));
@@ -287,7 +285,8 @@ StatusOr<int> VisibleCudaDevices() {
   return n;  // the runtime stays loaded (dlclose of the CUDA runtime is not safe)
 }
 
-StatusOr<std::shared_ptr<NcclApi>> LoadNcclApi() {
+StatusOr<std::shared_ptr<NcclApi>> LoadNcclApi(const std::string& nccl,
+                                               const std::string& cudart) {
   // Loaded once per process; a failure is remembered too (the libraries will not appear).
   static std::mutex mu;
   static std::shared_ptr<NcclApi> api;
@@ -297,7 +296,7 @@ StatusOr<std::shared_ptr<NcclApi>> LoadNcclApi() {
   if (!tried) {
     tried = true;
     auto dl = std::make_shared<DlNcclApi>();
-    error = dl->Load();
+    error = dl->Load(nccl, cudart);
     if (error.ok()) api = std::move(dl);
   }
   if (!error.ok()) return error;

@@ -69,12 +69,15 @@ bool NcclBackendBuilt();
 
 // How many CUDA devices this process sees, through the CUDA runtime alone (NCCL is not loaded):
 // an error when the build has no NCCL backend, the runtime cannot be loaded or has no driver.
-StatusOr<int> VisibleCudaDevices();
+// `cudart`: a path to try first (WorkerOptions::cudart_library), or "".
+StatusOr<int> VisibleCudaDevices(const std::string& cudart = "");
 
-// The process's NCCL and CUDA runtime, loaded once: ELASTIC_NCCL_LIBRARY / ELASTIC_CUDART_LIBRARY
-// when set, else libnccl.so.2 and libcudart.so.{13,12,} from the library path, else the ones
-// found at build time. FAILED_PRECONDITION saying what is missing (and how to fix it) when the
-// build has no NCCL backend or a library or symbol cannot be loaded.
-StatusOr<std::shared_ptr<NcclApi>> LoadNcclApi();
+// The process's NCCL and CUDA runtime, loaded once: `nccl` / `cudart` when given
+// (WorkerOptions: ELASTIC_NCCL_LIBRARY / ELASTIC_CUDART_LIBRARY), else libnccl.so.2 and
+// libcudart.so.{13,12,} from the library path, else the ones found at build time.
+// FAILED_PRECONDITION saying what is missing (and how to fix it) when the build has no NCCL
+// backend or a library or symbol cannot be loaded.
+StatusOr<std::shared_ptr<NcclApi>> LoadNcclApi(const std::string& nccl = "",
+                                               const std::string& cudart = "");
 
 }  // namespace elastic::worker_agent

@@ -135,8 +135,12 @@ void Run(State& state, const std::function<void(State&)>& train, AgentOptions op
   int64_t reported_round = -1;
   Duration sync_time{0};
   std::unique_ptr<Checkpoints> checkpoints;
-  if (auto o = Checkpointer::FromEnv()) {
-    checkpoints = std::make_unique<Checkpoints>(agent, *o);
+  if (const WorkerOptions& w = agent.env(); !w.checkpoint_dir.empty()) {
+    Checkpointer::Options o;
+    o.dir = w.checkpoint_dir;
+    if (w.checkpoint_interval) o.interval = *w.checkpoint_interval;
+    if (w.checkpoint_keep) o.keep = *w.checkpoint_keep;
+    checkpoints = std::make_unique<Checkpoints>(agent, o);
     state.PrepareCheckpoints();  // on every rank: any of them can be rank 0 later
   }
   state.SetCommitHook([&agent, &state, &reported_round, &sync_time, &checkpoints] {

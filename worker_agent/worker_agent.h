@@ -19,31 +19,9 @@
 #include "state/state.h"
 #include "worker_agent/gloo_communicator.h"
 #include "worker_agent/nccl_communicator.h"
+#include "worker_agent/worker_options.h"
 
 namespace elastic {
-
-// The environment a worker gets (docs/architecture.md, "Environment").
-struct WorkerEnv {
-  std::string driver_addr;  // ELASTIC_DRIVER_ADDR, host:port
-  std::string token;        // ELASTIC_JOB_TOKEN
-  std::string slot;         // ELASTIC_SLOT, host:local_index
-  std::string hostname;     // ELASTIC_HOSTNAME
-  std::string iface;        // ELASTIC_IFACE (may be empty)
-  std::string worker_id;    // ELASTIC_WORKER_ID: which launch of the slot this process is
-  // ELASTIC_RIDE_OUT_FILE (remote slots, driver/launch.h): a file that exists while this
-  // worker has lost its driver and rides the outage out, so that the remote side of the
-  // launch, whose connection to the driver went with it, leaves the worker running.
-  std::string ride_out_file;
-  // Reads the variables; INVALID_ARGUMENT naming the missing one (run under elastic-run).
-  static StatusOr<WorkerEnv> FromEnvironment();
-};
-
-// Which communicator carries the device collectives. Gloo is always there (CPU tensors, the
-// commit agreement, CPU state sync); NCCL is added beside it for CUDA tensors.
-enum class Backend { kGloo, kNccl, kAuto };
-const char* BackendName(Backend b);
-// "gloo", "nccl" or "auto"; INVALID_ARGUMENT otherwise.
-StatusOr<Backend> ParseBackend(const std::string& name);
 
 struct AgentOptions {
   Duration join_timeout = std::chrono::seconds(600);
@@ -67,7 +45,7 @@ struct AgentOptions {
 class Agent {
  public:
   // Connects to the driver and starts the Watch thread; does not join yet.
-  static StatusOr<std::unique_ptr<Agent>> Create(WorkerEnv env, AgentOptions options = {});
+  static StatusOr<std::unique_ptr<Agent>> Create(WorkerOptions env, AgentOptions options = {});
   ~Agent();
 
   // Destroys the current communicator, joins the next round (round 0 the first time), saying
@@ -84,7 +62,7 @@ class Agent {
   Backend backend() const { return backend_; }
   // The NCCL communicator of the current round (device buffers), or nullptr under Gloo.
   worker_agent::NcclCommunicator* device_comm();
-  const WorkerEnv& env() const { return env_; }
+  const WorkerOptions& env() const { return env_; }
 
   // True once the driver announced that the current round is changing.
   bool change_pending() const;
@@ -121,7 +99,7 @@ class Agent {
                         const std::string& message, double seconds = 0);
 
  private:
-  Agent(WorkerEnv env, AgentOptions options);
+  Agent(WorkerOptions env, AgentOptions options);
   void WatchLoop();
   // Clears this thread's parent-death signal once the worker joined (driver timeout > 0).
   void OutliveParent();
@@ -133,7 +111,7 @@ class Agent {
   // else by a fresh init. Errors as JoinNextRound.
   Status BuildNccl(const worker_agent::Topology& topo);
 
-  WorkerEnv env_;
+  WorkerOptions env_;
   AgentOptions options_;
   std::unique_ptr<rendezvous::Client> client_;
   rendezvous::Assignment assignment_;

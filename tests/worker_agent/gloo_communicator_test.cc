@@ -123,12 +123,6 @@ bool Eventually(const std::function<bool()>& pred) {
 }
 
 // Sets an environment variable for the scope of a test.
-struct EnvGuard {
-  EnvGuard(const char* key, const char* value) : key_(key) { setenv(key, value, 1); }
-  ~EnvGuard() { unsetenv(key_); }
-  const char* key_;
-};
-
 // `n` ranks on one host.
 std::vector<std::string> RunRanks(int n, const std::function<void(GlooCommunicator&)>& body,
                                   size_t fusion_bytes = 64u << 20, bool shm = true) {
@@ -634,9 +628,8 @@ TEST_CASE("gloo: on one host without shm collectives the pairs connect at their 
   const std::string first = GENERATE(std::string("broadcast"), std::string("allgather"),
                                      std::string("barrier"));
   INFO("first flat collective: " << first);
-  EnvGuard pairs("ELASTIC_SHM_COLLECTIVES", "0");  // these three over the pairs
   std::atomic<int> lazy{0}, connected{0};
-  auto failures = RunRanks(4, [&](GlooCommunicator& c) {
+  auto failures = RunLayout({4}, [&](GlooCommunicator& c) {
     if (!c.hierarchical()) throw std::runtime_error("not hierarchical");
     if (!c.pairs_connected()) lazy.fetch_add(1);
     std::vector<float> v(1000, static_cast<float>(c.rank() + 1));
@@ -661,7 +654,7 @@ TEST_CASE("gloo: on one host without shm collectives the pairs connect at their 
     c.Barrier();
     c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
     if (y != 7 || all.size() != 4 || v[0] != 40.0f) throw std::runtime_error("after connecting");
-  });
+  }, [](int, GlooOptions& o) { o.shm_collectives = false; });  // these three over the pairs
   CHECK(failures.empty());
   for (auto& f : failures) WARN(f);
   CHECK(lazy.load() == 4);
@@ -703,15 +696,18 @@ TEST_CASE("gloo: the device's loop thread runs only while connected pairs use it
   }
   std::vector<std::string> failures;
   {
-    EnvGuard pairs("ELASTIC_SHM_COLLECTIVES", "0");  // broadcast and the rest over the pairs
-    failures = RunRanks(4, [&](GlooCommunicator& c) {
-      every_collective(c);
-      if (c.rank() == 0) {  // the loop may be busy (not in epoll_wait) for a moment
-        Eventually([&] { return NewEpollThreads(base) == 1; });
-        loops = NewEpollThreads(base);
-      }
-      c.Barrier();
-    });
+    failures = RunLayout(
+        {4},
+        [&](GlooCommunicator& c) {
+          every_collective(c);
+          if (c.rank() == 0) {  // the loop may be busy (not in epoll_wait) for a moment
+            Eventually([&] { return NewEpollThreads(base) == 1; });
+            loops = NewEpollThreads(base);
+          }
+          c.Barrier();
+        },
+        // broadcast and the rest over the pairs
+        [](int, GlooOptions& o) { o.shm_collectives = false; });
   }
   CHECK(failures.empty());
   for (auto& f : failures) WARN(f);
@@ -823,15 +819,17 @@ TEST_CASE("gloo: an abort ends a shared-memory broadcast, allgather or barrier",
   CHECK_FALSE(late.load());
 }
 
-TEST_CASE("gloo: ELASTIC_GLOO_LAZY_PAIRS=0 connects the pairs in Connect", "[unit]") {
-  setenv("ELASTIC_GLOO_LAZY_PAIRS", "0", 1);
+TEST_CASE("gloo: lazy_pairs off (ELASTIC_GLOO_LAZY_PAIRS=0) connects the pairs in Connect",
+          "[unit]") {
   std::atomic<int> connected{0};
-  auto failures = RunRanks(3, [&](GlooCommunicator& c) {
-    if (c.hierarchical() && c.pairs_connected()) connected.fetch_add(1);
-    std::vector<float> v(10, 1.0f);
-    c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
-  });
-  unsetenv("ELASTIC_GLOO_LAZY_PAIRS");
+  auto failures = RunLayout(
+      {3},
+      [&](GlooCommunicator& c) {
+        if (c.hierarchical() && c.pairs_connected()) connected.fetch_add(1);
+        std::vector<float> v(10, 1.0f);
+        c.Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
+      },
+      [](int, GlooOptions& o) { o.lazy_pairs = false; });
   CHECK(failures.empty());
   CHECK(connected.load() == 3);
 }
@@ -841,7 +839,6 @@ TEST_CASE("gloo: an abort ends a first broadcast that waits for a silent peer to
   // Two ranks on one host: rank 1 is built and alive but never broadcasts, so rank 0's
   // broadcast waits in the store for rank 1's addresses. The abort (and the store's wait
   // cancelled, as the Agent does) ends it with WorkerLostError, not the 30 s connect timeout.
-  EnvGuard pairs("ELASTIC_SHM_COLLECTIVES", "0");  // the broadcast over the pairs
   Core core(rendezvous::CoreOptions{});
   std::map<std::string, rendezvous::Assignment> members;
   for (int i = 0; i < 2; ++i) members["h:" + std::to_string(i)].rank = i;
@@ -858,6 +855,7 @@ TEST_CASE("gloo: an abort ends a first broadcast that waits for a silent peer to
                          core.clock()->Now() + std::chrono::seconds(30));
       if (!a.ok()) return;
       GlooOptions opts;
+      opts.shm_collectives = false;  // the broadcast over the pairs
       opts.connect_timeout = std::chrono::seconds(30);
       opts.collective_timeout = std::chrono::seconds(30);
       auto made = GlooCommunicator::Create(stores[i].get(), Topology{i, 2, i, 2, 0, 1}, opts);

@@ -347,14 +347,13 @@ TEST_CASE("nccl: the real NCCL and CUDA runtime load and every symbol resolves",
   CHECK(LoadNcclApi()->get() == api->get());
 }
 
-TEST_CASE("nccl: ELASTIC_NCCL_LIBRARY pointing nowhere is a clear error", "[nccl]") {
+TEST_CASE("nccl: an NCCL library path pointing nowhere is a clear error", "[nccl]") {
   // In a child process: the library is loaded once per process.
   if (!NcclBackendBuilt()) return;
   pid_t pid = fork();
   if (pid == 0) {
-    setenv("ELASTIC_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
     setenv("LD_LIBRARY_PATH", "/nonexistent", 1);
-    auto api = LoadNcclApi();
+    auto api = LoadNcclApi("/nonexistent/libnccl.so.2");
     // The env path fails, the defaults still load: the message only matters when all fail.
     _exit(api.ok() ? 0 : 1);
   }
@@ -657,8 +656,9 @@ struct AgentJob {
     so.token = "t0ken";
     server = std::move(rendezvous::Server::Start(&core, so)).value();
   }
-  Agent& Add(const std::string& slot) {
-    WorkerEnv env;
+  Agent& Add(const std::string& slot, bool nccl_shrink = true) {
+    WorkerOptions env;
+    env.nccl_shrink = nccl_shrink;
     env.driver_addr = "127.0.0.1:" + std::to_string(server->port());
     env.token = "t0ken";
     env.slot = slot;
@@ -727,18 +727,16 @@ TEST_CASE("nccl agent: a round that only loses members shrinks, a newcomer inits
   CHECK(job.w.ids_seen.size() == 6);
 }
 
-TEST_CASE("nccl agent: ELASTIC_NCCL_SHRINK=0 always inits afresh", "[nccl]") {
+TEST_CASE("nccl agent: nccl_shrink off (ELASTIC_NCCL_SHRINK=0) always inits afresh", "[nccl]") {
   AgentJob job;
   for (const char* s : {"a:0", "b:0", "c:0"}) job.Add(s);
   job.Round(0, {"a:0", "b:0", "c:0"});
   job.agents.erase("c:0");
-  setenv("ELASTIC_NCCL_SHRINK", "0", 1);
   // Options are read at Create: new agents for a and b would lose their state, so check
   // the switch on fresh agents instead.
   job.agents.clear();
-  job.Add("a:0");
-  job.Add("b:0");
-  unsetenv("ELASTIC_NCCL_SHRINK");
+  job.Add("a:0", false);
+  job.Add("b:0", false);
   job.Round(1, {"a:0", "b:0"});
   job.Round(2, {"a:0"});  // would be a shrink (b left) if allowed
   CHECK(job.w.shrinks.load() == 0);

@@ -1,0 +1,63 @@
+"""A worker reads its environment in one file (worker_agent/worker_options.cc): no other source
+of a worker reads an ELASTIC_* variable, the README's table names every variable that file
+reads, and a bad value stops the worker with a message that names it (issue 28)."""
+import os
+import pathlib
+import re
+
+import pytest
+
+from helpers import run
+from test_elastic import example  # noqa: F401  (a fixture)
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+READS = re.compile(r'(?:getenv|Env|EnvFlag)\("(ELASTIC_[A-Z0-9_]+)"')
+# Read by the driver and the workers alike, in common/ (README: below the table).
+SHARED = {"common/logging.cc": {"ELASTIC_LOG_LEVEL"},
+          "common/test_hook.cc": {"ELASTIC_TEST_HOOKS", "ELASTIC_SLOT"}}
+
+
+def sources(*folders):
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in (".cc", ".h"):
+                yield path.relative_to(ROOT).as_posix(), path.read_text()
+
+
+def test_only_worker_options_reads_the_workers_environment():
+    readers = {}
+    for name, text in sources("worker_agent", "state", "rendezvous", "common", "python/src"):
+        found = set(READS.findall(text))
+        if found and name != "worker_agent/worker_options.cc":
+            readers[name] = found
+    assert readers == SHARED, readers
+    # The driver's own reads are in its main.
+    driver = {n: set(READS.findall(t)) for n, t in sources("driver") if READS.findall(t)}
+    assert list(driver) == ["driver/main.cc"], driver
+
+
+def test_the_readme_table_lists_every_worker_variable():
+    text = (ROOT / "worker_agent/worker_options.cc").read_text()
+    listed = set(re.findall(r'"(ELASTIC_[A-Z0-9_]+)"',
+                            text[text.index("kWorkerVariables[]"):text.index("kWorkerVariableCount")]))
+    read = set(READS.findall(text)) | set(re.findall(r'Reader::\w+\("(ELASTIC_[A-Z0-9_]+)"', text))
+    read |= set(re.findall(r'\{"(ELASTIC_[A-Z0-9_]+)", &o\.', text))
+    assert read and read <= listed, read - listed
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| variable | what |"):]
+    table = table[:table.index("\n\n")]
+    missing = [v for v in sorted(listed) if f"`{v}`" not in table]
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("variable,value,says", [
+    ("ELASTIC_SHM_REUSE", "yes", "give 0 or 1"),
+    ("ELASTIC_SHM_SLOT_BYTES", "12abc", "4096 to 268435456"),
+    ("ELASTIC_STACK_SIGNAL", "99", "a signal number from 0 to 64"),
+])
+def test_a_bad_value_stops_the_worker_naming_it(elastic_run, example, variable, value, says):
+    env = dict(os.environ, **{variable: value})
+    rc, out = run([elastic_run, "-np", "1", example, "--epochs", "1"],
+                  env=env, timeout=60)
+    assert rc != 0, out
+    assert f"{variable}='{value}' is not valid" in out and says in out, out
