@@ -66,6 +66,17 @@ class Reader {
     *out = d;
     return Status::Ok();
   }
+  // A whole number in [lo, hi]; unset or empty: nullopt. `how` says what to give.
+  static Status Whole(const char* name, long long lo, long long hi, const std::string& how,
+                      std::optional<long long>* out) {
+    std::optional<double> d;
+    RETURN_IF_ERROR(Number(name, static_cast<double>(lo), static_cast<double>(hi), &d, how));
+    if (d && *d != static_cast<double>(static_cast<long long>(*d))) {
+      return Bad(name, Text(name), how);
+    }
+    if (d) *out = static_cast<long long>(*d);
+    return Status::Ok();
+  }
 
  private:
   static std::string Format(double d) {
@@ -82,8 +93,6 @@ class Reader {
 Duration Seconds(double s) {
   return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s));
 }
-
-bool Whole(double d) { return d == static_cast<double>(static_cast<long long>(d)); }
 
 }  // namespace
 
@@ -120,22 +129,14 @@ StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   n.reset();
   RETURN_IF_ERROR(Reader::Number("ELASTIC_CHECKPOINT_INTERVAL", 0, 1e7, &n));
   if (n) o.checkpoint_interval = Seconds(*n);
-  n.reset();
-  const std::string keep_how = "give a whole number from 1 to 1000";
-  RETURN_IF_ERROR(Reader::Number("ELASTIC_CHECKPOINT_KEEP", 1, 1000, &n, keep_how));
-  if (n && !Whole(*n)) {
-    return InvalidArgument("ELASTIC_CHECKPOINT_KEEP='" + Reader::Text("ELASTIC_CHECKPOINT_KEEP") +
-                           "' is not valid: " + keep_how);
-  }
-  if (n) o.checkpoint_keep = static_cast<int>(*n);
-  n.reset();
-  const std::string signal_how = "give a signal number from 0 to 64";
-  RETURN_IF_ERROR(Reader::Number("ELASTIC_STACK_SIGNAL", 0, 64, &n, signal_how));
-  if (n && !Whole(*n)) {
-    return InvalidArgument("ELASTIC_STACK_SIGNAL='" + Reader::Text("ELASTIC_STACK_SIGNAL") +
-                           "' is not valid: " + signal_how);
-  }
-  if (n) o.stack_signal = static_cast<int>(*n);
+  std::optional<long long> w;
+  RETURN_IF_ERROR(Reader::Whole("ELASTIC_CHECKPOINT_KEEP", 1, 1000,
+                                "give a whole number from 1 to 1000", &w));
+  if (w) o.checkpoint_keep = static_cast<int>(*w);
+  w.reset();
+  RETURN_IF_ERROR(Reader::Whole("ELASTIC_STACK_SIGNAL", 0, 64, "give a signal number from 0 to 64",
+                                &w));
+  if (w) o.stack_signal = static_cast<int>(*w);
   for (auto [name, flag] : {std::pair<const char*, bool*>{"ELASTIC_NCCL_SHRINK", &o.nccl_shrink},
                             {"ELASTIC_SHM_ALLREDUCE", &o.shm_allreduce},
                             {"ELASTIC_SHM_REUSE", &o.shm_reuse},
@@ -145,16 +146,15 @@ StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
                             {"ELASTIC_GRPC_BDP_PROBE", &o.grpc_bdp_probe}}) {
     RETURN_IF_ERROR(Reader::Flag(name, flag));
   }
-  n.reset();
+  w.reset();
   const std::string slot_how = "give a whole number of bytes from 4096 to " +
                                std::to_string(256 << 20) + " (0: the default)";
-  RETURN_IF_ERROR(
-      Reader::Number("ELASTIC_SHM_SLOT_BYTES", 0, double{256 << 20}, &n, slot_how));
-  if (n && (!Whole(*n) || (*n != 0 && *n < 4096))) {
+  RETURN_IF_ERROR(Reader::Whole("ELASTIC_SHM_SLOT_BYTES", 0, 256 << 20, slot_how, &w));
+  if (w && *w != 0 && *w < 4096) {
     return InvalidArgument("ELASTIC_SHM_SLOT_BYTES='" + Reader::Text("ELASTIC_SHM_SLOT_BYTES") +
                            "' is not valid: " + slot_how);
   }
-  if (n) o.shm_slot_bytes = static_cast<size_t>(*n);
+  if (w) o.shm_slot_bytes = static_cast<size_t>(*w);
   o.nccl_library = Reader::Text("ELASTIC_NCCL_LIBRARY");
   o.cudart_library = Reader::Text("ELASTIC_CUDART_LIBRARY");
   return o;
