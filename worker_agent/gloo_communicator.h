@@ -148,8 +148,6 @@ class GlooCommunicator : public Communicator {
   // After an agreement that found a rank new to its host's reused segment: the hosts that
   // offered one make a new segment (local rank 0) and map it (the others); installs it.
   Status ReplaceReusedSegment(RoundStore* store, const std::string& key, std::string* why);
-  // The slot size asked for (option, else ELASTIC_SHM_SLOT_BYTES; 0: the default).
-  size_t AskedSlotBytes() const;
   // Local rank 0: a new segment for this round into `group`, and what to publish: its
   // description, or "off" with the reason in `why`.
   std::string NewSegment(std::unique_ptr<ShmGroup>* group, std::string* why) const;

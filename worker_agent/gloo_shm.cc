@@ -7,7 +7,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include "common/process.h"
 #include "common/test_hook.h"
 #include "worker_agent/gloo_communicator.h"
 #include "worker_agent/reduce.h"
@@ -48,11 +47,9 @@ class PrefixStore : public RoundStore {
 
 uint64_t GlooCommunicator::shm_token() const { return shm_ ? shm_->token() : 0; }
 
-size_t GlooCommunicator::AskedSlotBytes() const { return options_.shm_slot_bytes; }
-
 std::string GlooCommunicator::NewSegment(std::unique_ptr<ShmGroup>* group,
                                          std::string* why) const {
-  auto made = ShmGroup::Create(topo_.local_size, AskedSlotBytes());
+  auto made = ShmGroup::Create(topo_.local_size, options_.shm_slot_bytes);
   if (!made.ok()) {
     *why = made.status().message();
     return "off";
@@ -85,7 +82,7 @@ Status GlooCommunicator::PlanShm(RoundStore* store, ShmPlan* plan) {
   // come.
   plan->description = "off";
   if (plan->want) {
-    const size_t slot = AskedSlotBytes();
+    const size_t slot = options_.shm_slot_bytes;
     std::unique_ptr<ShmGroup> kept = options_.shm_keeper ? options_.shm_keeper->Take() : nullptr;
     if (kept && kept->Fits(topo_.local_size) && (slot == 0 || slot == kept->slot_bytes()) &&
         kept->AllMappersQuiet()) {

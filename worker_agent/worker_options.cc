@@ -1,5 +1,7 @@
 #include "worker_agent/worker_options.h"
 
+#include "common/process.h"
+
 #include <cstdlib>
 #include <string>
 
@@ -35,14 +37,11 @@ StatusOr<Backend> ParseBackend(const std::string& name) {
 
 namespace {
 
-// The environment, read through these three only: each says what was wrong with a value.
+// The environment, read through these four only: each says what was wrong with a value.
 class Reader {
  public:
   // The value, or "" when unset.
-  static std::string Text(const char* name) {
-    const char* v = std::getenv(name);
-    return v ? v : "";
-  }
+  static std::string Text(const char* name) { return Env(name); }
   // 0 or 1; unset or empty: `dflt`.
   static Status Flag(const char* name, bool* out) {
     const std::string v = Text(name);

@@ -325,10 +325,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     Gradients are reduced in fused buckets (up to 25 MiB, like DDP's; those of the first
     layers, reduced last, smaller: from `last_bucket_bytes` up, so that little is left to
     reduce when backward ends) that start while backward is still running: a hook on each
-    parameter's gradient accumulation marks it ready, and a full bucket goes to a background thread whose allreduce releases the GIL, so
-    communication overlaps the rest of the backward pass. step() waits for the buckets, then
-    steps the wrapped optimizer. With backward_passes_per_step=k, gradients are reduced after
-    every k-th backward (accumulate locally in between).
+    parameter's gradient accumulation marks it ready, and a full bucket goes to a background
+    thread whose allreduce releases the GIL, so communication overlaps the rest of the
+    backward pass. step() waits for the buckets, then steps the wrapped optimizer. With
+    backward_passes_per_step=k, gradients are reduced after every k-th backward (accumulate
+    locally in between).
     """
 
     def __init__(self, optimizer, named_parameters=None, backward_passes_per_step=1,
