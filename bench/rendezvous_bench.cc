@@ -30,6 +30,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "common/mutex.h"
 #include "proto/elastic.grpc.pb.h"
 #include "rendezvous/rendezvous.h"
 #include "worker_agent/gloo_communicator.h"
@@ -237,7 +238,7 @@ Result RunOnce(int n) {
   // exchanges again.
   std::atomic<int> ready{0}, done{0}, failures[2] = {{0}, {0}};
   std::atomic<int> go{-1};
-  std::mutex go_mu;
+  Mutex go_mu;
   std::condition_variable go_cv;  // threads sleep between phases, not spin
   std::vector<std::thread> threads;
   std::vector<AsyncWorker> async_workers(g_async ? n : 0);
@@ -257,8 +258,8 @@ Result RunOnce(int n) {
       ready.fetch_add(1);
       for (int phase = 0; phase < 2; ++phase) {
         {
-          std::unique_lock<std::mutex> l(go_mu);
-          go_cv.wait(l, [&] { return go.load() >= phase; });
+          MutexLock l(go_mu);
+          go_cv.wait(l.native(), [&]() ELASTIC_REQUIRES(go_mu) { return go.load() >= phase; });
         }
         auto a = client.Join(Slot(i), phase - 1, 0, std::chrono::seconds(60));
         bool ok = a.ok() && a->assignment.rank == i && a->assignment.round == phase;
@@ -287,7 +288,7 @@ Result RunOnce(int n) {
     const double server0 = server_cpu(), client0 = CpuSeconds(RUSAGE_SELF);
     auto start = std::chrono::steady_clock::now();
     {
-      std::lock_guard<std::mutex> g(go_mu);
+      MutexLock g(go_mu);
       go.store(phase);
     }
     go_cv.notify_all();

@@ -20,14 +20,14 @@ Clock* RealClock() {
 }
 
 TimePoint FakeClock::Now() const {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   return now_;
 }
 
 bool FakeClock::WaitUntil(std::unique_lock<std::mutex>& lock, std::condition_variable& cv,
                           TimePoint deadline, const std::function<bool()>& pred) {
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     cvs_.insert(&cv);
   }
   bool result = false;
@@ -40,13 +40,13 @@ bool FakeClock::WaitUntil(std::unique_lock<std::mutex>& lock, std::condition_var
     // Real-time slice only so that an Advance racing with this check is never missed.
     cv.wait_for(lock, std::chrono::milliseconds(5));
   }
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   cvs_.erase(&cv);
   return result;
 }
 
 void FakeClock::Advance(Duration d) {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   now_ += d;
   for (auto* cv : cvs_) cv->notify_all();
 }

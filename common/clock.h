@@ -9,6 +9,8 @@
 #include <mutex>
 #include <set>
 
+#include "common/mutex.h"
+
 namespace elastic {
 
 using SteadyClock = std::chrono::steady_clock;
@@ -21,7 +23,8 @@ class Clock {
   virtual ~Clock() = default;
   virtual TimePoint Now() const = 0;
   // Waits on `cv` (whose mutex `lock` holds) until `pred()` is true or this clock reaches
-  // `deadline`. Returns pred()'s final value. Thread-safe.
+  // `deadline`. Returns pred()'s final value. Thread-safe. `lock` is a MutexLock's native()
+  // (common/mutex.h); `pred` runs with that mutex held.
   virtual bool WaitUntil(std::unique_lock<std::mutex>& lock, std::condition_variable& cv,
                          TimePoint deadline, const std::function<bool()>& pred) = 0;
 };
@@ -40,9 +43,9 @@ class FakeClock : public Clock {
   void Advance(Duration d);
 
  private:
-  mutable std::mutex mu_;
-  TimePoint now_;                           // guarded by mu_
-  std::set<std::condition_variable*> cvs_;  // guarded by mu_: waiters to wake on Advance
+  mutable Mutex mu_;
+  TimePoint now_ ELASTIC_GUARDED_BY(mu_);
+  std::set<std::condition_variable*> cvs_ ELASTIC_GUARDED_BY(mu_);  // waiters to wake on Advance
 };
 
 }  // namespace elastic

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/communicator.h"
+#include "common/mutex.h"
 
 namespace elastic {
 namespace {
@@ -22,9 +23,10 @@ struct Hook {
 };
 
 std::atomic<int64_t> g_round{-1};
-std::mutex g_mu;
+Mutex g_mu;
 
-std::vector<Hook>* Hooks() {  // guarded by g_mu; parsed once
+// Parsed once; read and marked fired with g_mu held.
+std::vector<Hook>* Hooks() ELASTIC_REQUIRES(g_mu) {
   static std::vector<Hook>* hooks = [] {
     auto* out = new std::vector<Hook>();
     const char* env = std::getenv("ELASTIC_TEST_HOOKS");
@@ -70,7 +72,7 @@ void SetTestHookRound(int64_t round) { g_round.store(round); }
 void TestHook(const char* point, int64_t version) {
   std::string action;
   {
-    std::lock_guard<std::mutex> g(g_mu);
+    MutexLock g(g_mu);
     std::vector<Hook>* hooks = Hooks();
     if (hooks->empty()) return;
     const char* slot_env = std::getenv("ELASTIC_SLOT");

@@ -9,6 +9,8 @@
 #include <mutex>
 #include <thread>
 
+#include "common/mutex.h"
+
 namespace elastic {
 namespace {
 
@@ -23,7 +25,7 @@ class HelperPool {
   }
   // Runs `task` on up to `helpers` pool threads (started as needed, at most kMax in all).
   void Post(size_t helpers, const std::function<void()>& task) {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     for (size_t i = 0; i < helpers; ++i) queue_.push_back(task);
     while (threads_ < kMax && threads_ - busy_ < queue_.size()) {
       ++threads_;
@@ -38,24 +40,24 @@ class HelperPool {
  private:
   static constexpr size_t kMax = 15;
   void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     while (true) {
-      cv_.wait(lock, [&] { return !queue_.empty(); });
+      cv_.wait(lock.native(), [&]() ELASTIC_REQUIRES(mu_) { return !queue_.empty(); });
       std::function<void()> task = std::move(queue_.front());
       queue_.pop_front();
       ++busy_;
-      lock.unlock();
+      lock.Unlock();
       task();
       task = nullptr;
-      lock.lock();
+      lock.Lock();
       --busy_;
     }
   }
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;  // guarded by mu_
-  size_t threads_ = 0;                       // guarded by mu_
-  size_t busy_ = 0;                          // guarded by mu_
+  std::deque<std::function<void()>> queue_ ELASTIC_GUARDED_BY(mu_);
+  size_t threads_ ELASTIC_GUARDED_BY(mu_) = 0;
+  size_t busy_ ELASTIC_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace
@@ -76,10 +78,10 @@ void ForEachInParallel(const std::vector<int>& items, const std::function<void(i
     std::vector<int> items;
     std::function<void(int)> fn;
     std::atomic<size_t> next{0};
-    std::mutex mu;
+    Mutex mu;
     std::condition_variable cv;
-    size_t done = 0;  // guarded by mu
-    std::exception_ptr first;  // guarded by mu
+    size_t done ELASTIC_GUARDED_BY(mu) = 0;
+    std::exception_ptr first ELASTIC_GUARDED_BY(mu);
     void Work() {
       for (size_t k = next++; k < items.size(); k = next++) {
         std::exception_ptr error;
@@ -88,7 +90,7 @@ void ForEachInParallel(const std::vector<int>& items, const std::function<void(i
         } catch (...) {
           error = std::current_exception();
         }
-        std::lock_guard<std::mutex> g(mu);
+        MutexLock g(mu);
         if (error && !first) first = error;
         if (++done == items.size()) cv.notify_all();
       }
@@ -100,8 +102,9 @@ void ForEachInParallel(const std::vector<int>& items, const std::function<void(i
   job->fn = fn;
   PostToHelpers(std::min<size_t>(items.size(), 16) - 1, [job] { job->Work(); });
   job->Work();
-  std::unique_lock<std::mutex> lock(job->mu);
-  job->cv.wait(lock, [&] { return job->done == job->items.size(); });
+  MutexLock lock(job->mu);
+  job->cv.wait(lock.native(),
+               [&]() ELASTIC_REQUIRES(job->mu) { return job->done == job->items.size(); });
   if (job->first) std::rethrow_exception(job->first);
 }
 

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <random>
 
+#include "common/mutex.h"
 #include "driver/driver_internal.h"
 #include "driver/launch.h"
 
@@ -467,8 +468,10 @@ void Driver::MaybeWriteJournal() {
 void Driver::DiscoveryLoop() {
   while (true) {
     {
-      std::unique_lock<std::mutex> l(disc_mu_);
-      if (disc_cv_.wait_for(l, opts_.discovery_interval, [&] { return disc_stop_; })) return;
+      MutexLock l(disc_mu_);
+      if (disc_cv_.wait_for(l.native(), opts_.discovery_interval,
+                            [&]() ELASTIC_REQUIRES(disc_mu_) { return disc_stop_; }))
+        return;
     }
     Posted p{Posted::kDiscovery};
     p.hosts = discovery::Discover(opts_.discovery_script, opts_.discovery_timeout,
@@ -923,7 +926,7 @@ void Driver::Loop() {
       (void)ignored;
       std::deque<Posted> batch;
       {
-        std::lock_guard<std::mutex> g(post_mu_);
+        MutexLock g(post_mu_);
         batch.swap(posted_);
       }
       for (auto& p : batch) {
@@ -1086,7 +1089,7 @@ int Driver::Run() {
   CheckReattached(true);  // the job ended before every adopted worker was back
   StopDumps();
   {
-    std::lock_guard<std::mutex> g(disc_mu_);
+    MutexLock g(disc_mu_);
     disc_stop_ = true;
   }
   disc_cv_.notify_all();

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/process.h"
 #include "driver/driver.h"
 #include "driver/event_log.h"
@@ -144,7 +145,7 @@ class Driver : public rendezvous::Listener {
   // a flood cannot grow the queue without limit.
   void Post(Posted p) {
     {
-      std::lock_guard<std::mutex> g(post_mu_);
+      MutexLock g(post_mu_);
       if (p.kind == Posted::kReport && posted_.size() >= kMaxPosted) return;
       posted_.push_back(std::move(p));
     }
@@ -203,13 +204,13 @@ class Driver : public rendezvous::Listener {
   int inotify_fd_ = -1;    // wakes the loop when a local worker writes its output files
   std::string spool_dir_;  // worker output files without --output-dir; removed at the end
 
-  std::mutex post_mu_;
-  std::deque<Posted> posted_;  // guarded by post_mu_
+  Mutex post_mu_;
+  std::deque<Posted> posted_ ELASTIC_GUARDED_BY(post_mu_);
 
   std::thread discovery_;
-  std::mutex disc_mu_;
+  Mutex disc_mu_;
   std::condition_variable disc_cv_;
-  bool disc_stop_ = false;  // guarded by disc_mu_
+  bool disc_stop_ ELASTIC_GUARDED_BY(disc_mu_) = false;
 
   std::map<std::string, Worker> workers_;  // by slot
   std::map<std::string, std::unique_ptr<StackDump>> dumps_;  // by slot; the loop's alone

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "common/atomic_file.h"
+#include "common/mutex.h"
 #include "driver/journal.h"
 #include "rendezvous/client.h"
 
@@ -53,24 +54,24 @@ const double kBuckets[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 }  // namespace
 
 void Monitor::Update(const JobView& view) {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   view_ = view;
 }
 
 void Monitor::OnDiscoveryRun(bool ok) {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   counters_["elastic_discovery_runs_total"] += 1;
   if (!ok) counters_["elastic_discovery_failures_total"] += 1;
 }
 
 void Monitor::SetDriverRestarts(int64_t n) {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   counters_["elastic_driver_restarts_total"] = static_cast<double>(n);
 }
 
 void Monitor::OnEvent(const std::string& name, const JsonFields& fields) {
-  std::lock_guard<std::mutex> g(mu_);
-  auto start = [&](const std::string& cause) {
+  MutexLock g(mu_);
+  auto start = [&](const std::string& cause) ELASTIC_REQUIRES(mu_) {
     Recovery r;
     r.started = Now();
     r.cause = cause;
@@ -112,7 +113,7 @@ void Monitor::OnEvent(const std::string& name, const JsonFields& fields) {
 }
 
 std::string Monitor::StatusJson() const {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   json j;
   j["phase"] = view_.phase;
   j["round"] = view_.formed_round;
@@ -184,7 +185,7 @@ std::string Monitor::StatusJson() const {
 }
 
 std::string Monitor::Prometheus() const {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   std::ostringstream o;
   auto gauge = [&](const char* name, const char* help, double v) {
     o << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n"

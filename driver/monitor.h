@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "driver/event_log.h"
 #include "driver/policy.h"
 
@@ -34,11 +35,13 @@ class Monitor {
     std::map<std::string, double> phases;  // phase -> seconds
     bool done = false;
   };
-  mutable std::mutex mu_;
-  JobView view_;
-  std::map<std::string, double> counters_;  // metric name (with labels) -> value
-  std::map<std::string, std::vector<double>> phase_seconds_;  // recovery phase -> observations
-  std::vector<Recovery> recoveries_;                          // the last few, oldest first
+  mutable Mutex mu_;
+  JobView view_ ELASTIC_GUARDED_BY(mu_);
+  // metric name (with labels) -> value
+  std::map<std::string, double> counters_ ELASTIC_GUARDED_BY(mu_);
+  // recovery phase -> observations
+  std::map<std::string, std::vector<double>> phase_seconds_ ELASTIC_GUARDED_BY(mu_);
+  std::vector<Recovery> recoveries_ ELASTIC_GUARDED_BY(mu_);  // the last few, oldest first
 };
 
 // The job file that lets `elastic-run status` find a driver: {"address", "token", "pid"}, mode

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/mutex.h"
 #include "proto/elastic.grpc.pb.h"
 #include "rendezvous/convert.h"
 
@@ -137,14 +138,14 @@ StatusOr<std::vector<std::string>> Client::SetAndGet(int64_t round, const std::s
   Status s =
       Retry(SteadyClock::now() + timeout + std::chrono::seconds(1), [&](grpc::ClientContext* ctx) {
         {
-          std::lock_guard<std::mutex> g(get_mu_);
+          MutexLock g(get_mu_);
           if (round <= cancelled_round_) {
             return grpc::Status(grpc::StatusCode::ABORTED, "cancelled");
           }
           get_ctxs_.emplace(ctx, round);
         }
         grpc::Status st = stub_->stub->Get(ctx, req, &resp);
-        std::lock_guard<std::mutex> g(get_mu_);
+        MutexLock g(get_mu_);
         get_ctxs_.erase(ctx);
         if (round <= cancelled_round_) {
           return grpc::Status(grpc::StatusCode::ABORTED, "cancelled");
@@ -152,7 +153,7 @@ StatusOr<std::vector<std::string>> Client::SetAndGet(int64_t round, const std::s
         return st;
       });
   if (s.code() == Code::kAborted) {
-    std::lock_guard<std::mutex> g(get_mu_);
+    MutexLock g(get_mu_);
     if (round <= cancelled_round_) return cancelled();
   }
   if (!s.ok()) return s;
@@ -186,7 +187,7 @@ Status Client::Watch(const std::string& slot, const std::function<void(const Eve
   grpc::ClientContext ctx;
   ctx.AddMetadata("x-elastic-token", options_.token);
   {
-    std::lock_guard<std::mutex> g(watch_mu_);
+    MutexLock g(watch_mu_);
     if (watch_cancelled_) return Cancelled("watch cancelled");
     watch_ctx_ = &ctx;
   }
@@ -202,14 +203,14 @@ Status Client::Watch(const std::string& slot, const std::function<void(const Eve
   while (opened && reader->Read(&ev)) on_event(FromProto(ev));
   Status s = FromGrpc(reader->Finish());
   {
-    std::lock_guard<std::mutex> g(watch_mu_);
+    MutexLock g(watch_mu_);
     watch_ctx_ = nullptr;
   }
   return s;
 }
 
 void Client::CancelGets(int64_t round) {
-  std::lock_guard<std::mutex> g(get_mu_);
+  MutexLock g(get_mu_);
   cancelled_round_ = std::max(cancelled_round_, round);
   for (auto& [ctx, r] : get_ctxs_) {
     if (r <= round) ctx->TryCancel();
@@ -217,7 +218,7 @@ void Client::CancelGets(int64_t round) {
 }
 
 void Client::CancelWatch() {
-  std::lock_guard<std::mutex> g(watch_mu_);
+  MutexLock g(watch_mu_);
   watch_cancelled_ = true;
   if (watch_ctx_) watch_ctx_->TryCancel();
 }

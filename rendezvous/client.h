@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/process.h"
 #include "common/status.h"
 #include "rendezvous/types.h"
@@ -81,12 +82,12 @@ class Client {
   std::shared_ptr<grpc::Channel> channel_;
   struct Stub;
   std::unique_ptr<Stub> stub_;
-  std::mutex watch_mu_;
-  grpc::ClientContext* watch_ctx_ = nullptr;  // guarded by watch_mu_
-  bool watch_cancelled_ = false;              // guarded by watch_mu_
-  std::mutex get_mu_;
+  Mutex watch_mu_;
+  grpc::ClientContext* watch_ctx_ ELASTIC_GUARDED_BY(watch_mu_) = nullptr;
+  bool watch_cancelled_ ELASTIC_GUARDED_BY(watch_mu_) = false;
+  Mutex get_mu_;
   std::map<grpc::ClientContext*, int64_t> get_ctxs_;  // Gets in flight, by round; get_mu_
-  int64_t cancelled_round_ = INT64_MIN;               // guarded by get_mu_
+  int64_t cancelled_round_ ELASTIC_GUARDED_BY(get_mu_) = INT64_MIN;
 };
 
 // Turns off Abseil's mutex deadlock detection (a debugging aid that Debian's Abseil leaves on;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <future>
 
+#include "common/mutex.h"
+
 namespace elastic::rendezvous {
 
 bool ValidSlotName(const std::string& slot, size_t max_bytes) {
@@ -55,7 +57,7 @@ Core::~Core() { Shutdown(); }
 void Core::Shutdown() {
   std::vector<Completion> out;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     if (shutdown_) return;
     shutdown_ = true;
     std::vector<WaiterId> ids;
@@ -74,12 +76,12 @@ void Core::Shutdown() {
 }
 
 int64_t Core::formed_round() const {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   return formed_round_;
 }
 
 CoreSnapshot Core::Snapshot() const {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   CoreSnapshot s;
   s.formed_round = formed_round_;
   s.newest_committed = newest_committed_;
@@ -91,7 +93,7 @@ CoreSnapshot Core::Snapshot() const {
 }
 
 Status Core::Restore(const CoreSnapshot& snapshot) {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   if (latest_proposed_ >= 0 || formed_round_ >= 0 || !joins_.empty() || !gets_.empty()) {
     return InvalidArgument("a core in use cannot take a snapshot");
   }
@@ -106,12 +108,12 @@ Status Core::Restore(const CoreSnapshot& snapshot) {
 }
 
 size_t Core::stored_keys() const {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   return store_.size();
 }
 
 size_t Core::pending_waiters() const {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   return joins_.size() + gets_.size();
 }
 
@@ -124,7 +126,7 @@ Status Core::ProposeRound(int64_t round, std::map<std::string, Assignment> membe
                           const std::vector<std::string>& removed) {
   std::vector<Completion> out;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     if (shutdown_) return Unavailable("the rendezvous server is shutting down");
     if (round <= latest_proposed_ || round <= formed_round_) {
       return InvalidArgument("round " + std::to_string(round) + " is not newer than round " +
@@ -169,7 +171,7 @@ Status Core::ProposeRound(int64_t round, std::map<std::string, Assignment> membe
 }
 
 void Core::WithdrawRound(int64_t round) {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   if (proposed_.round != round) return;
   proposed_ = Proposal();
   expected_since_.clear();  // waiting for hosts: the next proposal's wait starts afresh
@@ -193,9 +195,8 @@ void Core::TryForm(std::vector<Completion>* out) {
   for (const auto& [slot, a] : proposed_.members) planned.emplace_back(a.rank, slot);
   std::sort(planned.begin(), planned.end());
   for (const auto& p : planned) info.members.push_back(p.second);
-  auto version_of = [&](const std::string& slot) {
-    return joins_.at(join_by_slot_.at(slot)).version;
-  };
+  auto version_of = [&](const std::string& slot)
+                        ELASTIC_REQUIRES(mu_) { return joins_.at(join_by_slot_.at(slot)).version; };
   size_t holder = 0;
   for (size_t i = 0; i < info.members.size(); ++i) {
     if (version_of(info.members[i]) > version_of(info.members[holder])) holder = i;
@@ -295,7 +296,7 @@ void Core::CompleteGet(WaiterId id, StatusOr<Values> result, std::vector<Complet
 }
 
 Status Core::CheckWorker(const std::string& slot, const std::string& worker_id) const {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   return CheckWorkerLocked(slot, worker_id);
 }
 
@@ -308,7 +309,7 @@ Status Core::CheckWorkerLocked(const std::string& slot, const std::string& worke
 }
 
 void Core::SetWorkerId(const std::string& slot, const std::string& id) {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   worker_ids_[slot] = id;
   known_slots_.insert(slot);  // a slot the driver started a process for (a warm spare too)
   // A removal was news for the slot's earlier process; the new one (a warm spare, started on
@@ -324,7 +325,7 @@ void Core::SetWorkerId(const std::string& slot, const std::string& id) {
 }
 
 void Core::RestartWait(const std::vector<std::string>& slots) {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   TimePoint now = options_.clock->Now();
   for (const auto& slot : slots) {
     auto since = expected_since_.find(slot);
@@ -362,7 +363,7 @@ WaiterId Core::JoinAsync(const std::string& slot, int64_t last_round, int64_t ve
   std::vector<Completion> out;
   WaiterId id = 0;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     if (shutdown_) {
       out.push_back([done] { done(Unavailable("the rendezvous server is shutting down")); });
     } else if (!ValidSlotName(slot, options_.limits.max_slot_bytes)) {
@@ -451,7 +452,7 @@ Status Core::Set(int64_t round, const std::string& key, std::string value) {
   }
   std::vector<Completion> out;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     if (shutdown_) return Unavailable("the rendezvous server is shutting down");
     RETURN_IF_ERROR(CheckRound(round));
     auto existing = store_.find(key);
@@ -490,7 +491,7 @@ WaiterId Core::GetAsync(int64_t round, std::vector<std::string> keys, TimePoint 
   std::vector<Completion> out;
   WaiterId id = 0;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     Status bad;
     if (shutdown_) bad = Unavailable("the rendezvous server is shutting down");
     if (bad.ok() && (keys.empty() || keys.size() > lim.max_keys_per_call)) {
@@ -558,7 +559,7 @@ StatusOr<Values> Core::Get(int64_t round, std::vector<std::string> keys, TimePoi
 void Core::Cancel(WaiterId id) {
   std::vector<Completion> out;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     if (joins_.count(id)) CompleteJoin(id, Cancelled("the call was cancelled"), &out);
     if (gets_.count(id)) CompleteGet(id, Cancelled("the call was cancelled"), &out);
   }
@@ -575,7 +576,7 @@ Status Core::HandleReport(const Report& report) {
   }
   if (report.kind == ReportKind::kCommitted) {
     if (report.version < 0) return InvalidArgument("a committed version cannot be negative");
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     newest_committed_ = std::max(newest_committed_, report.version);
   }
   if (options_.listener) options_.listener->OnReport(report);
@@ -620,7 +621,7 @@ void Core::ExpireDue(std::vector<Completion>* out, std::vector<std::string>* mis
 }
 
 void Core::TimerLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (!shutdown_) {
     // Bounded so that no wait is computed from TimePoint::max().
     TimePoint next = options_.clock->Now() + std::chrono::hours(1);
@@ -628,17 +629,19 @@ void Core::TimerLoop() {
     if (proposed_.round >= 0 && !proposed_.timeout_reported)
       next = std::min(next, proposed_.deadline);
     uint64_t gen = generation_;
-    options_.clock->WaitUntil(lock, cv_, next, [&] { return shutdown_ || generation_ != gen; });
+    options_.clock->WaitUntil(lock.native(), cv_, next, [&]() ELASTIC_REQUIRES(mu_) {
+      return shutdown_ || generation_ != gen;
+    });
     if (shutdown_) break;
     std::vector<Completion> out;
     std::vector<std::string> missing;
     int64_t timed_out = -1;
     ExpireDue(&out, &missing, &timed_out);
     if (out.empty() && timed_out < 0) continue;
-    lock.unlock();
+    lock.Unlock();
     for (auto& c : out) c();
     if (timed_out >= 0 && options_.listener) options_.listener->OnJoinTimeout(timed_out, missing);
-    lock.lock();
+    lock.Lock();
   }
 }
 

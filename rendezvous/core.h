@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "rendezvous/event_hub.h"
 #include "rendezvous/types.h"
@@ -181,48 +182,54 @@ class Core {
 
   void TimerLoop();
   // The helpers below run with mu_ held and append callbacks to run after it is released.
-  void TryForm(std::vector<Completion>* out);
+  void TryForm(std::vector<Completion>* out) ELASTIC_REQUIRES(mu_);
   // When `slot`, a member of the formed round, joins again from it (`last_round`): tells the
   // listener that it left (OnMemberLeft, queued on `out`).
-  void NoteMemberLeft(const std::string& slot, int64_t last_round, std::vector<Completion>* out);
-  void EraseDeadline(TimePoint deadline, WaiterId id);
-  void CompleteJoin(WaiterId id, StatusOr<JoinResult> result, std::vector<Completion>* out);
-  void CompleteGet(WaiterId id, StatusOr<Values> result, std::vector<Completion>* out);
+  void NoteMemberLeft(const std::string& slot, int64_t last_round, std::vector<Completion>* out)
+      ELASTIC_REQUIRES(mu_);
+  void EraseDeadline(TimePoint deadline, WaiterId id) ELASTIC_REQUIRES(mu_);
+  void CompleteJoin(WaiterId id, StatusOr<JoinResult> result, std::vector<Completion>* out)
+      ELASTIC_REQUIRES(mu_);
+  void CompleteGet(WaiterId id, StatusOr<Values> result, std::vector<Completion>* out)
+      ELASTIC_REQUIRES(mu_);
   void ExpireDue(std::vector<Completion>* out, std::vector<std::string>* missing,
-                 int64_t* timed_out_round);
-  Status CheckRound(int64_t round) const;
-  Status CheckWorkerLocked(const std::string& slot, const std::string& worker_id) const;  // mu_
+                 int64_t* timed_out_round) ELASTIC_REQUIRES(mu_);
+  Status CheckRound(int64_t round) const ELASTIC_REQUIRES(mu_);
+  Status CheckWorkerLocked(const std::string& slot, const std::string& worker_id) const
+      ELASTIC_REQUIRES(mu_);
   // When the pending proposal next looks for members that waited too long.
-  TimePoint ProposalDeadline(TimePoint now) const;
-  void Wake();
+  TimePoint ProposalDeadline(TimePoint now) const ELASTIC_REQUIRES(mu_);
+  // Tells the timer thread that deadlines changed.
+  void Wake() ELASTIC_REQUIRES(mu_);
 
   CoreOptions options_;
   EventHub events_;
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable cv_;            // wakes the timer thread
-  bool shutdown_ = false;                 // guarded by mu_
-  uint64_t generation_ = 0;               // guarded by mu_; bumped when deadlines change
-  WaiterId next_id_ = 1;                  // guarded by mu_
-  std::map<WaiterId, JoinWaiter> joins_;  // guarded by mu_
-  std::unordered_map<std::string, WaiterId> join_by_slot_;  // guarded by mu_
-  std::map<WaiterId, GetWaiter> gets_;                      // guarded by mu_
-  std::multimap<TimePoint, WaiterId> deadlines_;            // guarded by mu_
-  Proposal proposed_;                                       // guarded by mu_ (round -1: none)
-  int64_t latest_proposed_ = -1;                            // guarded by mu_
-  int64_t formed_round_ = -1;                               // guarded by mu_
-  int64_t newest_committed_ = 0;                            // guarded by mu_
-  std::map<std::string, Assignment> formed_members_;        // guarded by mu_
-  std::set<std::string> removed_;                           // guarded by mu_
+  bool shutdown_ ELASTIC_GUARDED_BY(mu_) = false;
+  uint64_t generation_ ELASTIC_GUARDED_BY(mu_) = 0;  // bumped when deadlines change
+  WaiterId next_id_ ELASTIC_GUARDED_BY(mu_) = 1;
+  std::map<WaiterId, JoinWaiter> joins_ ELASTIC_GUARDED_BY(mu_);
+  std::unordered_map<std::string, WaiterId> join_by_slot_ ELASTIC_GUARDED_BY(mu_);
+  std::map<WaiterId, GetWaiter> gets_ ELASTIC_GUARDED_BY(mu_);
+  std::multimap<TimePoint, WaiterId> deadlines_ ELASTIC_GUARDED_BY(mu_);
+  Proposal proposed_ ELASTIC_GUARDED_BY(mu_);  // (round -1: none)
+  int64_t latest_proposed_ ELASTIC_GUARDED_BY(mu_) = -1;
+  int64_t formed_round_ ELASTIC_GUARDED_BY(mu_) = -1;
+  int64_t newest_committed_ ELASTIC_GUARDED_BY(mu_) = 0;
+  std::map<std::string, Assignment> formed_members_ ELASTIC_GUARDED_BY(mu_);
+  std::set<std::string> removed_ ELASTIC_GUARDED_BY(mu_);
   // Since when each member of the pending proposal has been expected (proposals that replace
-  // one another before a round forms carry it over). Guarded by mu_.
-  std::map<std::string, TimePoint> expected_since_;
-  std::set<std::string> known_slots_;  // guarded by mu_: every slot ever proposed
-  std::map<std::string, std::string> worker_ids_;  // guarded by mu_: slot -> current launch
+  // one another before a round forms carry it over).
+  std::map<std::string, TimePoint> expected_since_ ELASTIC_GUARDED_BY(mu_);
+  std::set<std::string> known_slots_ ELASTIC_GUARDED_BY(mu_);  // every slot ever proposed
+  std::map<std::string, std::string> worker_ids_ ELASTIC_GUARDED_BY(mu_);  // slot -> current launch
   // The formed round's store, and who waits on which key.
-  std::unordered_map<std::string, std::shared_ptr<const std::string>> store_;  // guarded by mu_
-  size_t store_bytes_ = 0;                                                     // guarded by mu_
-  std::unordered_map<std::string, std::vector<WaiterId>> key_waiters_;         // guarded by mu_
+  std::unordered_map<std::string, std::shared_ptr<const std::string>> store_
+      ELASTIC_GUARDED_BY(mu_);
+  size_t store_bytes_ ELASTIC_GUARDED_BY(mu_) = 0;
+  std::unordered_map<std::string, std::vector<WaiterId>> key_waiters_ ELASTIC_GUARDED_BY(mu_);
   std::thread timer_;
 };
 

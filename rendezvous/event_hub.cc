@@ -2,10 +2,12 @@
 
 #include <vector>
 
+#include "common/mutex.h"
+
 namespace elastic::rendezvous {
 
 StatusOr<uint64_t> EventHub::Subscribe(const std::string& slot, Handler handler) {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   if (closed_) return Unavailable("the job is shutting down");
   size_t& count = per_slot_[slot];
   if (count >= max_per_slot_) {
@@ -27,7 +29,7 @@ StatusOr<uint64_t> EventHub::Subscribe(const std::string& slot, Handler handler)
 }
 
 void EventHub::Unsubscribe(uint64_t id) {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   auto it = subs_.find(id);
   if (it == subs_.end()) return;
   auto count = per_slot_.find(it->second.slot);
@@ -36,7 +38,7 @@ void EventHub::Unsubscribe(uint64_t id) {
 }
 
 void EventHub::Publish(const std::string& slot, const Event& event) {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   if (closed_) return;
   Remember(slot, event);
   for (auto& [id, sub] : subs_) {
@@ -45,7 +47,7 @@ void EventHub::Publish(const std::string& slot, const Event& event) {
 }
 
 void EventHub::PublishAll(const Event& event) {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   if (closed_) return;
   for (auto& [id, sub] : subs_) {
     Remember(sub.slot, event);
@@ -60,7 +62,7 @@ void EventHub::Remember(const std::string& slot, const Event& event) {
 }
 
 void EventHub::Close() {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   if (closed_) return;
   closed_ = true;
   Event shutdown{EventKind::kShutdown, -1, "the job is shutting down"};
@@ -68,7 +70,7 @@ void EventHub::Close() {
 }
 
 size_t EventHub::watcher_count() const {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   return subs_.size();
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "rendezvous/types.h"
 
@@ -41,20 +42,20 @@ class EventHub {
     Handler handler;
   };
   const size_t max_per_slot_;
-  mutable std::mutex mu_;
-  bool closed_ = false;                                // guarded by mu_
-  uint64_t next_id_ = 1;                               // guarded by mu_
-  std::map<uint64_t, Sub> subs_;                       // guarded by mu_
-  std::unordered_map<std::string, size_t> per_slot_;   // guarded by mu_
+  mutable Mutex mu_;
+  bool closed_ ELASTIC_GUARDED_BY(mu_) = false;
+  uint64_t next_id_ ELASTIC_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Sub> subs_ ELASTIC_GUARDED_BY(mu_);
+  std::unordered_map<std::string, size_t> per_slot_ ELASTIC_GUARDED_BY(mu_);
   struct Kept {
     Event event;
     uint64_t seq = 0;  // publish order
   };
   // Keeps `event` as the slot's last (and its last abort); with mu_ held.
-  void Remember(const std::string& slot, const Event& event);
-  uint64_t next_seq_ = 1;                             // guarded by mu_
-  std::unordered_map<std::string, Kept> last_event_;  // guarded by mu_
-  std::unordered_map<std::string, Kept> last_abort_;  // guarded by mu_
+  void Remember(const std::string& slot, const Event& event) ELASTIC_REQUIRES(mu_);
+  uint64_t next_seq_ ELASTIC_GUARDED_BY(mu_) = 1;
+  std::unordered_map<std::string, Kept> last_event_ ELASTIC_GUARDED_BY(mu_);
+  std::unordered_map<std::string, Kept> last_abort_ ELASTIC_GUARDED_BY(mu_);
 };
 
 }  // namespace elastic::rendezvous

@@ -8,6 +8,7 @@
 #include <deque>
 #include <set>
 
+#include "common/mutex.h"
 #include "proto/elastic.grpc.pb.h"
 #include "rendezvous/client.h"
 #include "rendezvous/convert.h"
@@ -58,7 +59,7 @@ class RendezvousService : public v1::Rendezvous::CallbackService {
     size_t colon = peer.rfind(':');
     std::string host = colon == std::string::npos ? peer : peer.substr(0, colon);
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       if (logged_peers_.size() < 1024 && logged_peers_.insert(host).second) {
         spdlog::warn("rejected a call from {} with a {} job token (logged once per peer)", host,
                      why);
@@ -85,8 +86,8 @@ class RendezvousService : public v1::Rendezvous::CallbackService {
  private:
   Core* core_;
   ServerOptions options_;
-  std::mutex mu_;
-  std::set<std::string> logged_peers_;  // guarded by mu_
+  Mutex mu_;
+  std::set<std::string> logged_peers_ ELASTIC_GUARDED_BY(mu_);
 };
 
 namespace {
@@ -128,13 +129,13 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::Event> {
     {
       // Initial metadata tells the client the stream is open (before any event); it is sent
       // like a write, so that nothing else is written or finished while it is in flight.
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       writing_ = true;
       StartSendInitialMetadata();
     }
     auto sub = core_->events().Subscribe(slot_, [this](const Event& e) { Enqueue(e); });
     if (!sub.ok()) {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       final_ = ToGrpc(sub.status());
       finish_requested_ = true;
       MaybeFinishLocked();
@@ -151,7 +152,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::Event> {
   void OnSendInitialMetadataDone(bool ok) override { OnWriteDone(ok); }
 
   void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     writing_ = false;
     if (!ok) finish_requested_ = true;
     if (!finish_requested_ && !queue_.empty()) {
@@ -162,7 +163,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::Event> {
   }
 
   void OnCancel() override {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     finish_requested_ = true;
     final_ = grpc::Status::CANCELLED;
     MaybeFinishLocked();
@@ -181,13 +182,13 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::Event> {
     delete this;
   }
   void Enqueue(const Event& e) {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     if (finish_requested_) return;
     if (queue_.size() >= 64) queue_.pop_front();  // a stuck reader keeps only the newest events
     queue_.push_back(e);
     if (!writing_) StartNextLocked();
   }
-  void StartNextLocked() {
+  void StartNextLocked() ELASTIC_REQUIRES(mu_) {
     Event e = queue_.front();
     queue_.pop_front();
     ToProto(e, &current_);
@@ -195,7 +196,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::Event> {
     if (e.kind == EventKind::kShutdown) finish_requested_ = true;
     StartWrite(&current_);
   }
-  void MaybeFinishLocked() {
+  void MaybeFinishLocked() ELASTIC_REQUIRES(mu_) {
     if (writing_ || finished_ || !finish_requested_) return;
     finished_ = true;
     Finish(final_);
@@ -205,13 +206,13 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::Event> {
   std::string slot_;
   uint64_t sub_id_ = 0;
   std::atomic<int> refs_{2};
-  std::mutex mu_;
-  std::deque<Event> queue_;        // guarded by mu_
-  v1::Event current_;              // guarded by mu_; the message being written
-  bool writing_ = false;           // guarded by mu_
-  bool finish_requested_ = false;  // guarded by mu_
-  bool finished_ = false;          // guarded by mu_
-  grpc::Status final_;             // guarded by mu_
+  Mutex mu_;
+  std::deque<Event> queue_ ELASTIC_GUARDED_BY(mu_);
+  v1::Event current_ ELASTIC_GUARDED_BY(mu_);  // the message being written
+  bool writing_ ELASTIC_GUARDED_BY(mu_) = false;
+  bool finish_requested_ ELASTIC_GUARDED_BY(mu_) = false;
+  bool finished_ ELASTIC_GUARDED_BY(mu_) = false;
+  grpc::Status final_ ELASTIC_GUARDED_BY(mu_);
 };
 
 grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* ctx, const grpc::Status& s) {

@@ -30,6 +30,11 @@ cmake -S . -B "$BUILD_DIR" "${CMAKE_ARGS[@]}" >"$BUILD_DIR/configure.log" 2>&1 |
 echo "== build"
 cmake --build "$BUILD_DIR" -j "$JOBS"
 
+# clang's thread-safety analysis of every source: each ELASTIC_GUARDED_BY member touched only
+# with its mutex held (common/mutex.h, scripts/thread-safety.sh); about a minute on 2 cores.
+echo "== thread-safety (clang++ -Wthread-safety -Werror)"
+BUILD_DIR="$BUILD_DIR" JOBS="$JOBS" bash scripts/thread-safety.sh
+
 echo "== ctest"
 ctest --test-dir "$BUILD_DIR" -j "$JOBS" --output-on-failure --timeout 300
 

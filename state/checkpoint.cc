@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/folder_lock.h"
+#include "common/mutex.h"
 
 namespace elastic {
 namespace {
@@ -339,7 +340,7 @@ Checkpointer::Checkpointer(Options options, Done done)
 
 Checkpointer::~Checkpointer() {
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     stop_ = true;
   }
   cv_.notify_all();
@@ -347,14 +348,14 @@ Checkpointer::~Checkpointer() {
 }
 
 bool Checkpointer::Due() const {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   if (busy_) return false;
   return !last_start_ || std::chrono::steady_clock::now() - *last_start_ >= options_.interval;
 }
 
 bool Checkpointer::Submit(CheckpointInfo meta, std::vector<CheckpointFile> files) {
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     if (busy_ || stop_) return false;
     busy_ = true;
     last_start_ = std::chrono::steady_clock::now();
@@ -366,8 +367,8 @@ bool Checkpointer::Submit(CheckpointInfo meta, std::vector<CheckpointFile> files
 }
 
 bool Checkpointer::Wait(std::chrono::duration<double> timeout) {
-  std::unique_lock<std::mutex> l(mu_);
-  return cv_.wait_for(l, timeout, [this] { return !busy_; });
+  MutexLock l(mu_);
+  return cv_.wait_for(l.native(), timeout, [this]() ELASTIC_REQUIRES(mu_) { return !busy_; });
 }
 
 void Checkpointer::Loop() {
@@ -375,8 +376,8 @@ void Checkpointer::Loop() {
     CheckpointInfo meta;
     std::vector<CheckpointFile> files;
     {
-      std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [this] { return stop_ || busy_; });
+      MutexLock l(mu_);
+      cv_.wait(l.native(), [this]() ELASTIC_REQUIRES(mu_) { return stop_ || busy_; });
       if (!busy_) return;  // stop, nothing pending
       meta = meta_;
       files = std::move(files_);
@@ -388,7 +389,7 @@ void Checkpointer::Loop() {
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (done_) done_(s, s.ok() ? written : meta, secs);
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       busy_ = false;
     }
     cv_.notify_all();

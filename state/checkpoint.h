@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace elastic {
@@ -114,13 +115,13 @@ class Checkpointer {
   void Loop();
   Options options_;
   Done done_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable cv_;
-  bool busy_ = false;  // guarded by mu_
-  bool stop_ = false;  // guarded by mu_
-  std::optional<std::chrono::steady_clock::time_point> last_start_;  // guarded by mu_
-  CheckpointInfo meta_;                                                // guarded by mu_
-  std::vector<CheckpointFile> files_;                                  // guarded by mu_
+  bool busy_ ELASTIC_GUARDED_BY(mu_) = false;
+  bool stop_ ELASTIC_GUARDED_BY(mu_) = false;
+  std::optional<std::chrono::steady_clock::time_point> last_start_ ELASTIC_GUARDED_BY(mu_);
+  CheckpointInfo meta_ ELASTIC_GUARDED_BY(mu_);
+  std::vector<CheckpointFile> files_ ELASTIC_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

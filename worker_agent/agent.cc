@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/mutex.h"
 #include "common/test_hook.h"
 #include "worker_agent/shm_group.h"
 #include "worker_agent/worker_agent.h"
@@ -121,7 +122,7 @@ StatusOr<std::unique_ptr<Agent>> Agent::Create(WorkerOptions env, AgentOptions o
 
 Agent::~Agent() {
   StopWatch();
-  std::lock_guard<std::mutex> g(comm_mu_);
+  MutexLock g(comm_mu_);
   comm_.reset();
   nccl_.reset();
   nccl_parent_.reset();
@@ -132,7 +133,7 @@ void Agent::StopWatch() {
   client_->CancelWatch();
   if (watch_.joinable()) watch_.join();
   {
-    std::lock_guard<std::mutex> g(report_mu_);
+    MutexLock g(report_mu_);
     report_stop_ = true;
   }
   report_cv_.notify_all();
@@ -142,10 +143,11 @@ void Agent::StopWatch() {
 void Agent::ReportLoop() {
   // A commit report, or else a heartbeat every second: the driver tells a hung worker from
   // its peers waiting for it by what these say (docs/recovery.md, "Hangs and silent workers").
-  std::unique_lock<std::mutex> l(report_mu_);
+  MutexLock l(report_mu_);
   while (true) {
-    report_cv_.wait_for(l, std::chrono::seconds(1),
-                        [&] { return report_stop_ || pending_.has_value(); });
+    report_cv_.wait_for(l.native(), std::chrono::seconds(1), [&]() ELASTIC_REQUIRES(report_mu_) {
+      return report_stop_ || pending_.has_value();
+    });
     if (report_stop_) return;
     rendezvous::Report r;
     if (pending_) {
@@ -154,11 +156,12 @@ void Agent::ReportLoop() {
     } else {
       r.kind = rendezvous::ReportKind::kHeartbeat;
     }
-    l.unlock();
+    l.Unlock();
     (void)SendReport(std::move(r));
-    l.lock();
+    l.Lock();
     // At most one every 0.5 s: the newest commit by then is the one sent.
-    report_cv_.wait_for(l, std::chrono::milliseconds(500), [&] { return report_stop_; });
+    report_cv_.wait_for(l.native(), std::chrono::milliseconds(500),
+                        [&]() ELASTIC_REQUIRES(report_mu_) { return report_stop_; });
   }
 }
 
@@ -180,7 +183,7 @@ void Agent::NoteCommit(const Progress& p) {
   rendezvous::Report r = ProgressReport(rendezvous::ReportKind::kCommitted, p);
   r.round = current_round_.load();
   {
-    std::lock_guard<std::mutex> g(report_mu_);
+    MutexLock g(report_mu_);
     pending_ = std::move(r);
   }
   report_cv_.notify_all();
@@ -272,7 +275,7 @@ void Agent::OnEvent(const rendezvous::Event& e) {
       // may never connect (one cut off, gone, or removed), and no step was taken in it. Its
       // members are fenced alike, so they leave it too (those already connected at their
       // first collective, as after an abort).
-      std::lock_guard<std::mutex> g(comm_mu_);
+      MutexLock g(comm_mu_);
       if (connecting_round_ >= 0 && connecting_round_ <= e.round && comm_ &&
           comm_round_ == connecting_round_) {
         spdlog::info("driver: round {} changes while this worker connects it ({}); leaving it",
@@ -292,7 +295,7 @@ void Agent::OnEvent(const rendezvous::Event& e) {
         }
         spdlog::info("driver: a peer of round {} is gone ({}); aborting collectives", e.round,
                      e.message);
-        std::lock_guard<std::mutex> g(comm_mu_);
+        MutexLock g(comm_mu_);
         aborted_round_.store(std::max(aborted_round_.load(), e.round));
         client_->CancelGets(e.round);
         // Checked again under the lock: the training thread may have installed the next
@@ -304,7 +307,7 @@ void Agent::OnEvent(const rendezvous::Event& e) {
       break;
     case EventKind::kShutdown: {
       spdlog::info("driver: the job is shutting down");
-      std::lock_guard<std::mutex> g(comm_mu_);
+      MutexLock g(comm_mu_);
       if (comm_) comm_->Abort();
       if (nccl_) nccl_->Abort();
       break;
@@ -314,7 +317,7 @@ void Agent::OnEvent(const rendezvous::Event& e) {
 
 StatusOr<bool> Agent::JoinNextRound(int64_t version) {
   {
-    std::lock_guard<std::mutex> g(comm_mu_);
+    MutexLock g(comm_mu_);
     comm_.reset();
   }
   if (spare_) {
@@ -364,7 +367,7 @@ StatusOr<bool> Agent::JoinNextRound(int64_t version) {
   {
     // Installed before it connects, so that an ABORT can reach it while it does; one that
     // came before (while this worker was still in Join) takes effect at once.
-    std::lock_guard<std::mutex> g(comm_mu_);
+    MutexLock g(comm_mu_);
     comm_ = std::move(made).value();
     comm_round_ = assignment_.round;
     connecting_round_ = assignment_.round;
@@ -377,11 +380,11 @@ StatusOr<bool> Agent::JoinNextRound(int64_t version) {
   Status connected = comm->Connect(round_store_.get());
   last_rebuild_ = SteadyClock::now() - rebuild_start;
   {
-    std::lock_guard<std::mutex> g(comm_mu_);
+    MutexLock g(comm_mu_);
     connecting_round_ = -1;
   }
   if (!connected.ok()) {
-    std::lock_guard<std::mutex> g(comm_mu_);
+    MutexLock g(comm_mu_);
     comm_.reset();
     // Whatever stopped the mesh (an abort, a peer that died or never came), the driver
     // re-forms: the caller rolls back and joins again.
@@ -391,7 +394,7 @@ StatusOr<bool> Agent::JoinNextRound(int64_t version) {
     Status built = BuildNccl(topo);
     last_rebuild_ = SteadyClock::now() - rebuild_start;
     if (!built.ok()) {
-      std::lock_guard<std::mutex> g(comm_mu_);
+      MutexLock g(comm_mu_);
       comm_.reset();
       nccl_.reset();
       // A host with too few GPUs is the user's to fix; anything else re-forms.
@@ -425,7 +428,7 @@ Status Agent::BuildNccl(const worker_agent::Topology& topo) {
   ASSIGN_OR_RETURN(auto made, NcclCommunicator::New(nccl_api_, topo, device, options_.nccl));
   NcclCommunicator* next = made.get();
   {
-    std::lock_guard<std::mutex> g(comm_mu_);
+    MutexLock g(comm_mu_);
     nccl_parent_ = std::move(nccl_);  // the previous round's, if any: the shrink parent
     nccl_ = std::move(made);
     nccl_round_ = assignment_.round;
@@ -494,7 +497,7 @@ Status Agent::BuildNccl(const worker_agent::Topology& topo) {
                    s.ok() ? "not this one" : s.message());
       ASSIGN_OR_RETURN(auto fresh, NcclCommunicator::New(nccl_api_, topo, device, options_.nccl));
       next = fresh.get();
-      std::lock_guard<std::mutex> g(comm_mu_);
+      MutexLock g(comm_mu_);
       nccl_ = std::move(fresh);
       if (aborted_round_.load() >= assignment_.round) nccl_->Abort();
       shrink = false;
@@ -506,7 +509,7 @@ Status Agent::BuildNccl(const worker_agent::Topology& topo) {
     s = next->Connect(store.get());
   }
   {
-    std::lock_guard<std::mutex> g(comm_mu_);
+    MutexLock g(comm_mu_);
     nccl_parent_.reset();  // released with abort
   }
   if (!s.ok()) return s;
@@ -541,7 +544,7 @@ Status Agent::SendReport(rendezvous::Report r) {
   r.slot = env_.slot;
   if (r.round < 0) r.round = current_round_.load();
   {
-    std::lock_guard<std::mutex> g(comm_mu_);
+    MutexLock g(comm_mu_);
     if (comm_) {
       // Collectives on either communicator count: a GPU job's steps are NCCL's.
       TimePoint last = comm_->last_collective_start();

@@ -1,5 +1,6 @@
 #include "worker_agent/gloo_communicator.h"
 
+#include <dirent.h>
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
@@ -12,21 +13,20 @@
 #include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
-#include <dirent.h>
 #include <netinet/in.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <condition_variable>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <map>
-#include <cstdlib>
-#include <csignal>
-#include <cstring>
 #include <thread>
 
-#include <spdlog/spdlog.h>
-
+#include "common/mutex.h"
 #include "common/process.h"
 #include "common/test_hook.h"
 #include "common/thread_pool.h"
@@ -78,20 +78,20 @@ void Signal(const std::shared_ptr<void>& pairs, const std::string& msg) {
 }  // namespace
 
 struct GlooCommunicator::Executor {
-  std::mutex mu;
+  Mutex mu;
   std::condition_variable cv;
-  std::function<void()> job;  // guarded by mu; the collective to run next
-  uint64_t posted = 0;        // guarded by mu; jobs posted
-  uint64_t finished = 0;      // guarded by mu; jobs finished
-  std::exception_ptr error;   // guarded by mu; of the last finished job
-  bool stop = false;          // guarded by mu
-  bool abandoned = false;     // guarded by mu; a job outlived an abort
+  std::function<void()> job ELASTIC_GUARDED_BY(mu);  // the collective to run next
+  uint64_t posted ELASTIC_GUARDED_BY(mu) = 0;        // jobs posted
+  uint64_t finished ELASTIC_GUARDED_BY(mu) = 0;      // jobs finished
+  std::exception_ptr error ELASTIC_GUARDED_BY(mu);   // of the last finished job
+  bool stop ELASTIC_GUARDED_BY(mu) = false;
+  bool abandoned ELASTIC_GUARDED_BY(mu) = false;  // a job outlived an abort
   std::thread thread;
 
   // A started executor: an idle one left by an earlier communicator, or a new one.
   static std::shared_ptr<Executor> Take() {
     {
-      std::lock_guard<std::mutex> g(IdleMu());
+      MutexLock g(IdleMu());
       auto& idle = Idle();
       if (!idle.empty()) {
         auto ex = std::move(idle.back());
@@ -107,18 +107,18 @@ struct GlooCommunicator::Executor {
   // and joined every round cost a recovery more than its collectives did); false when enough
   // are kept already.
   static bool Keep(const std::shared_ptr<Executor>& ex) {
-    std::lock_guard<std::mutex> g(IdleMu());
+    MutexLock g(IdleMu());
     auto& idle = Idle();
     if (idle.size() >= 4) return false;
     {
-      std::lock_guard<std::mutex> g(ex->mu);
+      MutexLock g(ex->mu);
       ex->abandoned = false;  // that communicator's; its collective ended
     }
     idle.push_back(ex);
     return true;
   }
-  static std::mutex& IdleMu() {
-    static auto* mu = new std::mutex();
+  static Mutex& IdleMu() {
+    static auto* mu = new Mutex();
     return *mu;
   }
   static std::vector<std::shared_ptr<Executor>>& Idle() {
@@ -128,12 +128,14 @@ struct GlooCommunicator::Executor {
   }
 
   static void Loop(std::shared_ptr<Executor> self) {
-    std::unique_lock<std::mutex> lock(self->mu);
+    MutexLock lock(self->mu);
     while (true) {
-      self->cv.wait(lock, [&] { return self->stop || self->posted > self->finished; });
+      self->cv.wait(lock.native(), [&]() ELASTIC_REQUIRES(self->mu) {
+        return self->stop || self->posted > self->finished;
+      });
       if (self->posted == self->finished) return;  // stopped, nothing left
       std::function<void()> job = std::move(self->job);
-      lock.unlock();
+      lock.Unlock();
       std::exception_ptr error;
       try {
         job();
@@ -141,7 +143,7 @@ struct GlooCommunicator::Executor {
         error = std::current_exception();
       }
       job = nullptr;
-      lock.lock();
+      lock.Lock();
       self->error = error;
       ++self->finished;
       self->cv.notify_all();
@@ -157,12 +159,12 @@ GlooCommunicator::~GlooCommunicator() {
   bool abandoned = false;
   if (exec_) {
     {
-      std::lock_guard<std::mutex> g(exec_->mu);
+      MutexLock g(exec_->mu);
       abandoned = exec_->abandoned && exec_->finished < exec_->posted;
     }
     if (abandoned || !Executor::Keep(exec_)) {
       {
-        std::lock_guard<std::mutex> g(exec_->mu);
+        MutexLock g(exec_->mu);
         exec_->stop = true;
         exec_->cv.notify_all();
       }
@@ -175,7 +177,7 @@ GlooCommunicator::~GlooCommunicator() {
       }
     }
   }
-  std::lock_guard<std::mutex> g(abort_mu_);
+  MutexLock g(abort_mu_);
   if (!abandoned && pairs_ && !peers_.empty()) {
     // Nothing uses the pairs any more: close them together (each close waits for a tick of
     // the device loop) rather than one by one in the context's destructor.
@@ -322,7 +324,7 @@ Status GlooCommunicator::ConnectPairs(RoundStore* store, const std::string& extr
     keys.push_back(std::to_string(i));
   }
   {
-    std::lock_guard<std::mutex> g(abort_mu_);
+    MutexLock g(abort_mu_);
     if (aborted_.load()) return Aborted("the communicator was aborted before it connected");
     pairs_ = pairs;  // from here on Abort() fails every pair's wait
   }
@@ -362,7 +364,7 @@ Status GlooCommunicator::ConnectPairs(RoundStore* store, const std::string& extr
     }
     ResetPairsOnClose(theirs, ours);
   }
-  std::lock_guard<std::mutex> g(abort_mu_);
+  MutexLock g(abort_mu_);
   if (aborted_.load()) return Aborted("the communicator was aborted while connecting");
   ctx_->Adopt(device, pairs);
   pairs_connected_ = true;
@@ -490,19 +492,21 @@ void GlooCommunicator::Guard(const char* what, std::function<void()> fn, Duratio
   Running running(this);
   if (!exec_) {
     auto ex = Executor::Take();
-    std::lock_guard<std::mutex> g(abort_mu_);  // Abort() reads exec_ from another thread
+    MutexLock g(abort_mu_);  // Abort() reads exec_ from another thread
     exec_ = std::move(ex);
   }
   Executor& ex = *exec_;
-  std::unique_lock<std::mutex> lock(ex.mu);
+  MutexLock lock(ex.mu);
   ex.job = std::move(fn);
   uint64_t ticket = ++ex.posted;
   ex.cv.notify_all();
-  ex.cv.wait(lock, [&] { return ex.finished >= ticket || aborted_.load(); });
+  ex.cv.wait(lock.native(),
+             [&]() ELASTIC_REQUIRES(ex.mu) { return ex.finished >= ticket || aborted_.load(); });
   if (ex.finished < ticket) {
     // Aborted while running: every pair is closed now; a wait Gloo left unwoken can do no
     // more I/O, and one that was about to end ends within the grace.
-    bool ended = ex.cv.wait_for(lock, grace, [&] { return ex.finished >= ticket; });
+    bool ended = ex.cv.wait_for(lock.native(), grace,
+                                [&]() ELASTIC_REQUIRES(ex.mu) { return ex.finished >= ticket; });
     if (!ended) {
       ex.abandoned = true;
       throw lost(
@@ -511,7 +515,7 @@ void GlooCommunicator::Guard(const char* what, std::function<void()> fn, Duratio
     }
   }
   std::exception_ptr error = ex.error;
-  lock.unlock();
+  lock.Unlock();
   if (error) {
     try {
       std::rethrow_exception(error);
@@ -673,7 +677,7 @@ void GlooCommunicator::Barrier() {
 void GlooCommunicator::Abort() {
   aborted_.store(true);
   {
-    std::lock_guard<std::mutex> g(abort_mu_);
+    MutexLock g(abort_mu_);
     if (shm_) shm_->Abort();
     if (cross_) cross_->Abort();
     try {
@@ -685,11 +689,11 @@ void GlooCommunicator::Abort() {
   }
   std::shared_ptr<Executor> ex;
   {
-    std::lock_guard<std::mutex> g(abort_mu_);
+    MutexLock g(abort_mu_);
     ex = exec_;
   }
   if (ex) {
-    std::lock_guard<std::mutex> g(ex->mu);
+    MutexLock g(ex->mu);
     ex->cv.notify_all();
   }
 }

@@ -1,6 +1,8 @@
 // GlooCommunicator: the Communicator over Gloo's TCP transport.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -9,12 +11,11 @@
 #include <utility>
 #include <vector>
 
-#include <sys/socket.h>
-
 #include "common/common.h"
+#include "common/mutex.h"
 #include "worker_agent/gloo_pairs.h"
-#include "worker_agent/topology.h"
 #include "worker_agent/store.h"
+#include "worker_agent/topology.h"
 
 namespace gloo {
 class Context;
@@ -190,9 +191,10 @@ class GlooCommunicator : public Communicator {
   GlooOptions options_;
   std::vector<char> fusion_;  // the fusion buffer, grown on first use up to fusion_bytes
   std::atomic<bool> aborted_{false};
-  std::mutex abort_mu_;             // serializes Abort() against connecting and the destructor
+  Mutex abort_mu_;                  // serializes Abort() against connecting and the destructor
   std::shared_ptr<void> device_;    // gloo::transport::Device, until the pairs connect
-  std::shared_ptr<void> pairs_;     // gloo::transport::Context being connected; abort_mu_
+  // gloo::transport::Context being connected.
+  std::shared_ptr<void> pairs_ ELASTIC_GUARDED_BY(abort_mu_);
   std::vector<int> peers_;          // the ranks this rank has a pair with, once connected
   std::shared_ptr<Executor> exec_;  // started on the first collective
   std::atomic<uint64_t> started_{0};

@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 
+#include "common/mutex.h"
 #include "common/thread_pool.h"
 #include "worker_agent/gloo_communicator.h"
 
@@ -22,9 +23,9 @@ namespace elastic::worker_agent {
 std::shared_ptr<gloo::transport::Device> SharedDevice(const gloo::transport::tcp::attr& attr,
                                                       const std::string& key,
                                                       bool only_if_new) {
-  static auto* mu = new std::mutex();  // never destroyed: helper threads outlive main()
+  static auto* mu = new Mutex();  // never destroyed: helper threads outlive main()
   static auto* devices = new std::map<std::string, std::weak_ptr<gloo::transport::Device>>();
-  std::lock_guard<std::mutex> g(*mu);
+  MutexLock g(*mu);
   auto it = devices->find(key);
   if (only_if_new && it != devices->end()) return nullptr;
   std::shared_ptr<gloo::transport::Device> d;

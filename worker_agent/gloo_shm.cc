@@ -2,11 +2,12 @@
 // map a segment, reused or new), and the collectives through it (the hierarchical allreduce,
 // broadcast and allgather of one host). The rest of the communicator is in
 // worker_agent/gloo_communicator.cc.
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cstring>
 
-#include <spdlog/spdlog.h>
-
+#include "common/mutex.h"
 #include "common/test_hook.h"
 #include "worker_agent/gloo_communicator.h"
 #include "worker_agent/reduce.h"
@@ -125,7 +126,7 @@ Status GlooCommunicator::SetUpHierarchy(RoundStore* store, ShmPlan* plan) {
   int64_t vote = 0;
   if (plan->want) vote = topo_.local_size == 1 || group ? 2 : missing ? 1 : 0;
   {
-    std::lock_guard<std::mutex> g(abort_mu_);
+    MutexLock g(abort_mu_);
     if (aborted_.load()) return Aborted("the communicator was aborted while connecting");
     shm_ = std::move(group);
   }
@@ -152,7 +153,7 @@ Status GlooCommunicator::SetUpHierarchy(RoundStore* store, ShmPlan* plan) {
     if (!why.empty()) {
       spdlog::info("hierarchical shared-memory allreduce off for this round: {}", why);
     }
-    std::lock_guard<std::mutex> g(abort_mu_);
+    MutexLock g(abort_mu_);
     shm_.reset();
     return Status::Ok();
   }
@@ -163,7 +164,7 @@ Status GlooCommunicator::SetUpHierarchy(RoundStore* store, ShmPlan* plan) {
     ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> made, New(cross, cross_options));
     GlooCommunicator* c = made.get();
     {
-      std::lock_guard<std::mutex> g(abort_mu_);
+      MutexLock g(abort_mu_);
       cross_ = std::move(made);
       if (aborted_.load()) cross_->Abort();
     }
@@ -184,7 +185,7 @@ Status GlooCommunicator::SetUpHierarchy(RoundStore* store, ShmPlan* plan) {
 Status GlooCommunicator::ReplaceReusedSegment(RoundStore* store, const std::string& key,
                                               std::string* why) {
   {
-    std::lock_guard<std::mutex> g(abort_mu_);
+    MutexLock g(abort_mu_);
     shm_.reset();
   }
   std::unique_ptr<ShmGroup> group;
@@ -194,7 +195,7 @@ Status GlooCommunicator::ReplaceReusedSegment(RoundStore* store, const std::stri
     ASSIGN_OR_RETURN(std::vector<std::string> got, store->Get({key}, options_.connect_timeout));
     if (got.size() == 1 && got[0] != "off") group = OpenSegment(got[0], why);
   }
-  std::lock_guard<std::mutex> g(abort_mu_);
+  MutexLock g(abort_mu_);
   if (aborted_.load()) return Aborted("the communicator was aborted while connecting");
   shm_ = std::move(group);
   return Status::Ok();

@@ -11,6 +11,8 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <nccl.h>
+
+#include "common/mutex.h"
 #endif
 
 namespace elastic::worker_agent {
@@ -288,11 +290,11 @@ StatusOr<int> VisibleCudaDevices(const std::string& cudart_path) {
 StatusOr<std::shared_ptr<NcclApi>> LoadNcclApi(const std::string& nccl,
                                                const std::string& cudart) {
   // Loaded once per process; a failure is remembered too (the libraries will not appear).
-  static std::mutex mu;
+  static Mutex mu;
   static std::shared_ptr<NcclApi> api;
   static Status error = Status();
   static bool tried = false;
-  std::lock_guard<std::mutex> g(mu);
+  MutexLock g(mu);
   if (!tried) {
     tried = true;
     auto dl = std::make_shared<DlNcclApi>();

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <thread>
 
+#include "common/mutex.h"
+
 namespace elastic::worker_agent {
 namespace {
 
@@ -67,7 +69,7 @@ StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::New(std::shared_pt
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   // Never a destroy (it waits for peers that may be dead): abort releases it at once.
   if (comm_) api_->CommAbort(comm_);
   comm_ = nullptr;
@@ -77,7 +79,7 @@ NcclCommunicator::~NcclCommunicator() {
 }
 
 NcclCommunicator::Phase NcclCommunicator::phase() const {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   return phase_;
 }
 
@@ -98,7 +100,7 @@ Status NcclCommunicator::PollReady(const char* what, Duration timeout) {
   const TimePoint deadline = SteadyClock::now() + timeout;
   for (int i = 0;; ++i) {
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       if (aborted_.load() || !comm_) return Aborted(std::string(what) + ": aborted");
       const int async = AsyncState(comm_);
       if (async == NcclApi::kSuccess) return Status();
@@ -113,7 +115,7 @@ Status NcclCommunicator::PollReady(const char* what, Duration timeout) {
     if (SteadyClock::now() > deadline) {
       Abort();
       {
-        std::lock_guard<std::mutex> g(mu_);
+        MutexLock g(mu_);
         phase_ = Phase::kFailed;
       }
       return DeadlineExceeded(std::string(what) + " did not finish within " +
@@ -149,7 +151,7 @@ Status NcclCommunicator::Connect(RoundStore* store) {
 
 Status NcclCommunicator::Start(const char* what, const char* call,
                                const std::function<int(NcclApi::Comm*)>& create) {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   if (aborted_.load()) return Aborted(std::string(what) + ": aborted");
   if (phase_ != Phase::kCreated) return FailedPrecondition("NCCL communicator connected twice");
   RETURN_IF_ERROR(api_->SetDevice(device_));
@@ -169,7 +171,7 @@ Status NcclCommunicator::Start(const char* what, const char* call,
 
 Status NcclCommunicator::Finish(const char* what) {
   RETURN_IF_ERROR(PollReady(what, options_.init_timeout));
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   if (aborted_.load()) return Aborted(std::string(what) + ": aborted");
   phase_ = Phase::kReady;
   return Status();
@@ -187,7 +189,7 @@ Status NcclCommunicator::ConnectByShrink(NcclCommunicator* parent,
   }
   {
     // A revoked parent must be quiescent before it is shrunk.
-    std::lock_guard<std::mutex> g(parent->mu_);
+    MutexLock g(parent->mu_);
     if (!parent->comm_ || (parent->phase_ != Phase::kReady && parent->phase_ != Phase::kRevoked)) {
       return FailedPrecondition(std::string("shrink: the parent communicator is ") +
                                 PhaseName(parent->phase_));
@@ -195,7 +197,7 @@ Status NcclCommunicator::ConnectByShrink(NcclCommunicator* parent,
   }
   const TimePoint deadline = SteadyClock::now() + options_.init_timeout;
   for (int i = 0;; ++i) {
-    std::lock_guard<std::mutex> g(parent->mu_);
+    MutexLock g(parent->mu_);
     if (!parent->comm_) return FailedPrecondition("shrink: the parent was released meanwhile");
     if (AsyncState(parent->comm_) != NcclApi::kInProgress) break;  // quiescent (an old error does not matter)
     if (SteadyClock::now() > deadline) return DeadlineExceeded("shrink: the parent stays busy");
@@ -203,11 +205,12 @@ Status NcclCommunicator::ConnectByShrink(NcclCommunicator* parent,
     Pause(i);
   }
   {
-    std::lock_guard<std::mutex> pg(parent->mu_);
+    MutexLock pg(parent->mu_);
     if (!parent->comm_) return FailedPrecondition("shrink: the parent was released meanwhile");
-    RETURN_IF_ERROR(Start("NCCL shrink", "ncclCommShrink", [&](NcclApi::Comm* c) {
-      return api_->CommShrink(parent->comm_, exclude, c);
-    }));
+    RETURN_IF_ERROR(
+        Start("NCCL shrink", "ncclCommShrink", [&](NcclApi::Comm* c) ELASTIC_REQUIRES(parent->mu_) {
+          return api_->CommShrink(parent->comm_, exclude, c);
+        }));
   }
   nccl_rank_of_ = std::move(nccl_rank_of);
   return Finish("NCCL shrink");
@@ -215,7 +218,7 @@ Status NcclCommunicator::ConnectByShrink(NcclCommunicator* parent,
 
 void NcclCommunicator::Abort() {
   aborted_.store(true);
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   switch (phase_) {
     case Phase::kInitializing:  // a pending init or shrink: abort is how NCCL cancels it
       if (comm_) api_->CommAbort(comm_);
@@ -252,7 +255,7 @@ void NcclCommunicator::Run(const char* what, const std::function<int(NcclApi::Co
   running_.store(true);
   int r;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     if (aborted_.load() || phase_ != Phase::kReady) {
       Fail(std::string("NCCL ") + what + ": the communicator is " + PhaseName(phase_) +
            " (a peer of this round is gone)");
@@ -269,7 +272,7 @@ void NcclCommunicator::Run(const char* what, const std::function<int(NcclApi::Co
   } else if (r != NcclApi::kSuccess) {
     std::string why;
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       why = Describe(r);
     }
     Fail(std::string("NCCL ") + what + ": " + why);
@@ -288,7 +291,7 @@ void NcclCommunicator::WaitStream(const char* what) {
     if (q.ok()) break;
     if (q.code() != Code::kUnavailable) Fail(std::string("NCCL ") + what + ": " + q.message());
     if (i % 64 == 63) {  // NCCL's async error: a peer failed under us
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       if (comm_) {
         const int async = AsyncState(comm_);
         if (async != NcclApi::kSuccess && async != NcclApi::kInProgress) {

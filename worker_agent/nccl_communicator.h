@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/common.h"
+#include "common/mutex.h"
 #include "worker_agent/nccl_api.h"
 #include "worker_agent/store.h"
 #include "worker_agent/topology.h"
@@ -110,7 +111,7 @@ class NcclCommunicator : public Communicator {
   [[noreturn]] void Fail(const std::string& what);
   // A device buffer (`*buf` of `*size` bytes), grown to at least `bytes` on demand.
   void* Grow(void** buf, size_t* size, size_t bytes, const char* what);
-  std::string Describe(int result);
+  std::string Describe(int result) ELASTIC_REQUIRES(mu_);
 
   std::shared_ptr<NcclApi> api_;
   Topology topo_;
@@ -123,9 +124,9 @@ class NcclCommunicator : public Communicator {
   size_t scratch_bytes_ = 0;
   void* fusion_ = nullptr;
   size_t fusion_size_ = 0;
-  mutable std::mutex mu_;  // guards comm_ and phase_ (Abort() comes from another thread)
-  NcclApi::Comm comm_ = nullptr;
-  Phase phase_ = Phase::kCreated;
+  mutable Mutex mu_;  // Abort() comes from another thread
+  NcclApi::Comm comm_ ELASTIC_GUARDED_BY(mu_) = nullptr;
+  Phase phase_ ELASTIC_GUARDED_BY(mu_) = Phase::kCreated;
   std::atomic<bool> aborted_{false};
   std::atomic<uint64_t> started_{0};
   std::atomic<bool> running_{false};

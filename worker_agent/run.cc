@@ -6,8 +6,8 @@
 #include <memory>
 #include <mutex>
 
+#include "common/mutex.h"
 #include "state/checkpoint.h"
-
 #include "worker_agent/worker_agent.h"
 
 namespace elastic {
@@ -64,7 +64,7 @@ class Checkpoints {
     meta.time = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
                     .count();
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       pending_ = p;
     }
     writer_.Submit(std::move(meta), std::move(files));
@@ -96,7 +96,7 @@ class Checkpoints {
   void Written(const Status& s, const CheckpointInfo& info, double secs) {
     Progress p;
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       p = pending_;
     }
     if (s.ok()) {
@@ -117,8 +117,8 @@ class Checkpoints {
   }
 
   Agent& agent_;
-  std::mutex mu_;
-  Progress pending_;     // guarded by mu_: what the write in progress holds
+  Mutex mu_;
+  Progress pending_ ELASTIC_GUARDED_BY(mu_);  // what the write in progress holds
   std::string failing_;  // the writer thread's only
   bool warned_unsupported_ = false;
   bool paused_ = false;  // the driver is unreachable: said once

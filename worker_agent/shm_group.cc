@@ -14,6 +14,8 @@
 #include <random>
 #include <sstream>
 
+#include "common/mutex.h"
+
 namespace elastic::worker_agent {
 namespace {
 
@@ -248,12 +250,12 @@ char* ShmGroup::slot(int half, int local_rank) const {
 void ShmKeeper::Keep(std::unique_ptr<ShmGroup> group) {
   group->Unlink();
   group->Quiesce();
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   kept_ = std::move(group);
 }
 
 std::unique_ptr<ShmGroup> ShmKeeper::Take() {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   return std::move(kept_);
 }
 

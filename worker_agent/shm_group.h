@@ -26,6 +26,7 @@
 #include <string>
 
 #include "common/common.h"
+#include "common/mutex.h"
 
 namespace elastic::worker_agent {
 
@@ -109,8 +110,8 @@ class ShmKeeper {
   std::unique_ptr<ShmGroup> Take();            // the kept one, or null
 
  private:
-  std::mutex mu_;
-  std::unique_ptr<ShmGroup> kept_;
+  Mutex mu_;
+  std::unique_ptr<ShmGroup> kept_ ELASTIC_GUARDED_BY(mu_);
 };
 
 }  // namespace elastic::worker_agent

@@ -6,14 +6,15 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <optional>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "common/common.h"
+#include "common/mutex.h"
 #include "rendezvous/client.h"
 #include "rendezvous/types.h"
 #include "state/state.h"
@@ -125,17 +126,18 @@ class Agent {
   std::atomic<int64_t> lost_since_ns_{0};
   bool outlives_parent_ = false;             // PR_SET_PDEATHSIG cleared (training thread only)
   std::atomic<bool> watch_opened_{false};    // the driver's stream was open once
-  std::mutex comm_mu_;  // guards comm_ against Abort from the Watch thread
+  Mutex comm_mu_;  // guards replacing comm_ against Abort from the Watch thread
   // The round's store, kept while its communicator lives (its pairs may connect at their
   // first use); declared before comm_, so it goes after it.
   std::unique_ptr<worker_agent::RoundStore> round_store_;
-  // The current round's communicator, installed before it connects; guarded by comm_mu_
-  // when replaced (the training thread reads it without the lock).
+  // The current round's communicator, installed before it connects; replaced with comm_mu_
+  // held. Not ELASTIC_GUARDED_BY: the training thread, its only writer, reads it without the
+  // lock.
   std::unique_ptr<worker_agent::GlooCommunicator> comm_;
-  int64_t comm_round_ = -1;  // the round comm_ belongs to; guarded by comm_mu_
-  // The round whose communicator is connecting now (-1: none); guarded by comm_mu_. A fence of
-  // that round ends the connect: no step was taken in it, so nothing is lost by leaving it.
-  int64_t connecting_round_ = -1;
+  int64_t comm_round_ ELASTIC_GUARDED_BY(comm_mu_) = -1;  // the round comm_ belongs to
+  // The round whose communicator is connecting now (-1: none). A fence of that round ends the
+  // connect: no step was taken in it, so nothing is lost by leaving it.
+  int64_t connecting_round_ ELASTIC_GUARDED_BY(comm_mu_) = -1;
   Backend backend_ = Backend::kGloo;
   bool spare_ = false;  // ELASTIC_SPARE=1: a warm spare, joining without a deadline
   std::shared_ptr<worker_agent::NcclApi> nccl_api_;  // when backend_ is kNccl
@@ -148,10 +150,11 @@ class Agent {
   std::thread watch_;
   Duration last_rebuild_{0};
   std::thread reporter_;
-  std::mutex report_mu_;
+  Mutex report_mu_;
   std::condition_variable report_cv_;
-  bool report_stop_ = false;                   // guarded by report_mu_
-  std::optional<rendezvous::Report> pending_;  // guarded by report_mu_: newest unsent commit
+  bool report_stop_ ELASTIC_GUARDED_BY(report_mu_) = false;
+  std::optional<rendezvous::Report> pending_
+      ELASTIC_GUARDED_BY(report_mu_);  // newest unsent commit
 };
 
 // The process-wide agent: created and joined to round 0 on first call (like Python's

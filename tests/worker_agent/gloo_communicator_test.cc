@@ -937,7 +937,7 @@ TEST_CASE("gloo: one rank without shared memory turns it off for every rank", "[
         if (c.hierarchical()) throw std::runtime_error("still hierarchical");
         AllDtypes(c, ReduceOp::kSum);
       },
-      [off](int rank, GlooOptions& o) { o.shm = rank != off; });
+      [off_rank = off](int rank, GlooOptions& o) { o.shm = rank != off_rank; });
   CHECK(failures.empty());
   for (auto& f : failures) WARN(f);
 }
