@@ -3,16 +3,12 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include <cstdlib>
+#include <cstdlib>  // rand
 
 namespace elastic {
 
 Status InitLogging(const std::string& level, const std::string& prefix) {
-  std::string name = level;
-  if (name.empty()) {
-    const char* env = std::getenv("ELASTIC_LOG_LEVEL");
-    name = env && *env ? env : "info";
-  }
+  const std::string name = level.empty() ? "info" : level;
   auto parsed = spdlog::level::from_str(name);
   if (parsed == spdlog::level::off && name != "off") {
     return InvalidArgument("unknown log level '" + name +

@@ -8,8 +8,9 @@
 namespace elastic {
 
 // Sets the level of the default logger from `level` ("trace", "debug", "info", "warn",
-// "error", "critical", "off"). An empty `level` falls back to $ELASTIC_LOG_LEVEL, then "info".
-// Returns INVALID_ARGUMENT naming the bad level. `prefix` (e.g. "driver") starts each line.
+// "error", "critical", "off"; empty: "info"). The caller reads $ELASTIC_LOG_LEVEL (the driver's
+// main, a worker's WorkerOptions). Returns INVALID_ARGUMENT naming the bad level. `prefix` (e.g.
+// "driver") starts each line.
 Status InitLogging(const std::string& level, const std::string& prefix);
 
 }  // namespace elastic

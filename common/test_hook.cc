@@ -24,34 +24,13 @@ struct Hook {
 
 std::atomic<int64_t> g_round{-1};
 Mutex g_mu;
+std::vector<Hook>* g_hooks ELASTIC_GUARDED_BY(g_mu) = new std::vector<Hook>();  // never freed
+std::string* g_slot ELASTIC_GUARDED_BY(g_mu) = new std::string();
 
-// Parsed once; read and marked fired with g_mu held.
-std::vector<Hook>* Hooks() ELASTIC_REQUIRES(g_mu) {
-  static std::vector<Hook>* hooks = [] {
-    auto* out = new std::vector<Hook>();
-    const char* env = std::getenv("ELASTIC_TEST_HOOKS");
-    if (!env) return out;
-    std::stringstream all(env);
-    std::string item;
-    while (std::getline(all, item, ';')) {
-      size_t eq = item.rfind('=');
-      if (eq == std::string::npos) continue;
-      Hook h;
-      h.action = item.substr(eq + 1);
-      std::vector<std::string> parts;
-      std::stringstream fields(item.substr(0, eq));
-      std::string f;
-      while (std::getline(fields, f, '@')) parts.push_back(f);
-      if (parts.size() != 4) continue;
-      h.point = parts[0];
-      h.slot = parts[1];
-      h.round = parts[2];
-      h.version = parts[3];
-      out->push_back(h);
-    }
-    return out;
-  }();
-  return hooks;
+bool KnownAction(const std::string& a) {
+  if (a == "kill" || a == "lost" || a == "stop") return true;
+  if (a.compare(0, 5, "sleep") != 0 || a.size() == 5) return false;
+  return std::all_of(a.begin() + 5, a.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
 // "*": anything; "N+": a number N or above; else the value itself.
@@ -67,18 +46,47 @@ bool Matches(const std::string& pattern, const std::string& value) {
 
 }  // namespace
 
+Status ConfigureTestHooks(const std::string& spec, const std::string& slot) {
+  std::vector<Hook> hooks;
+  std::stringstream all(spec);
+  std::string item;
+  while (std::getline(all, item, ';')) {
+    if (item.empty()) continue;
+    const size_t eq = item.rfind('=');
+    Hook h;
+    std::vector<std::string> parts;
+    if (eq != std::string::npos) {
+      h.action = item.substr(eq + 1);
+      std::stringstream fields(item.substr(0, eq));
+      std::string f;
+      while (std::getline(fields, f, '@')) parts.push_back(f);
+    }
+    if (parts.size() != 4 || !KnownAction(h.action)) {
+      return InvalidArgument("ELASTIC_TEST_HOOKS='" + spec + "' is not valid: entry '" + item +
+                             "' is not POINT@SLOT@ROUND@VERSION=kill|lost|stop|sleepMS "
+                             "(docs/testing.md)");
+    }
+    h.point = parts[0];
+    h.slot = parts[1];
+    h.round = parts[2];
+    h.version = parts[3];
+    hooks.push_back(std::move(h));
+  }
+  MutexLock g(g_mu);
+  *g_hooks = std::move(hooks);
+  *g_slot = slot;
+  return Status::Ok();
+}
+
 void SetTestHookRound(int64_t round) { g_round.store(round); }
 
 void TestHook(const char* point, int64_t version) {
   std::string action;
   {
     MutexLock g(g_mu);
-    std::vector<Hook>* hooks = Hooks();
-    if (hooks->empty()) return;
-    const char* slot_env = std::getenv("ELASTIC_SLOT");
-    std::string slot = slot_env ? slot_env : "";
-    for (Hook& h : *hooks) {
-      if (h.fired || h.point != point || !Matches(h.slot, slot) ||
+    if (g_hooks->empty()) return;
+    for (Hook& h : *g_hooks) {
+      if (h.fired || h.point != point || !Matches(h.slot, *g_slot) ||
           !Matches(h.round, std::to_string(g_round.load())) ||
           !Matches(h.version, std::to_string(version))) {
         continue;

@@ -1,6 +1,7 @@
 // Test hooks: let an end-to-end test stop a worker at an exact point of the protocol, so that a
 // race seen once in a random-fault soak becomes a deterministic test. Off unless the worker's
-// environment sets ELASTIC_TEST_HOOKS; documented in docs/testing.md. Not for production use.
+// environment sets ELASTIC_TEST_HOOKS (read by worker_agent/worker_options.cc and handed to
+// ConfigureTestHooks by the agent); documented in docs/testing.md. Not for production use.
 //
 //   ELASTIC_TEST_HOOKS="POINT@SLOT@ROUND@VERSION=ACTION[;...]"
 //
@@ -12,8 +13,16 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+
+#include "common/status.h"
 
 namespace elastic {
+
+// Replaces the hooks with those of `spec` (the format above; empty: none) for the worker of
+// `slot`. INVALID_ARGUMENT naming an entry that is not POINT@SLOT@ROUND@VERSION=ACTION or whose
+// action is none of the above; the hooks are then left as they were.
+Status ConfigureTestHooks(const std::string& spec, const std::string& slot);
 
 // The round this worker is in (set by the worker agent after each join).
 void SetTestHookRound(int64_t round);

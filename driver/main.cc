@@ -86,51 +86,63 @@ int StatusMain(int argc, char** argv) {
   return elastic::driver::RunStatusCommand(job_file, json);
 }
 
-int main(int argc, char** argv) {
-  if (argc > 1 && std::string(argv[1]) == "status") return StatusMain(argc, argv);
-  // Before any thread exists: the driver receives these through a signalfd.
-  elastic::driver::BlockDriverSignals();
+namespace {
 
-  CLI::App app{
-      "elastic-run: an elastic launcher for distributed training.\n"
-      "Starts and watches worker processes, re-forms the job when hosts come and go,\n"
-      "and keeps training going at whatever size the cluster allows."};
-  app.footer(kExamples);
-  app.set_version_flag("--version", std::string("elastic-run ") + kVersion);
-  app.allow_extras(false);
+using elastic::Status;
+using elastic::driver::DriverOptions;
 
-  elastic::driver::DriverOptions o;
+// The command line: DriverOptions, and what is checked or converted before it goes there (the
+// sizes, the host sources, seconds as numbers).
+struct CommandLine {
+  DriverOptions o;
   int np = 0, min_np = 0, max_np = 0;
   std::string host_list, hostfile, log_level;
-  bool verbose = false;
+  bool verbose = false, no_shm = false;
   double discovery_interval = 1, discovery_timeout = 10, elastic_timeout = 600, start_timeout = 600,
          rendezvous_timeout = 60, grace = 5, hang_timeout = 0, liveness_timeout = 6,
-         progress_interval = 30, driver_timeout = 120;
+         progress_interval = 30, driver_timeout = 120, checkpoint_interval = 60;
   std::vector<double> cooldown;
+  std::vector<std::string> command_help;  // only for --help: the command is split off first
+  bool raise_priority = true;             // ELASTIC_DRIVER_NICE (1)
+};
 
-  app.add_option("-n,--np,--num-proc", np, "Number of workers to start (and wait for at start)");
-  app.add_option("--min-np", min_np,
+Status Refuse(const std::string& message) { return elastic::InvalidArgument(message); }
+
+elastic::Duration Secs(double v) {
+  return std::chrono::duration_cast<elastic::Duration>(std::chrono::duration<double>(v));
+}
+
+// How many workers, and on which hosts.
+void AddSizeAndHostOptions(CLI::App& app, CommandLine& c) {
+  DriverOptions& o = c.o;
+  app.add_option("-n,--np,--num-proc", c.np, "Number of workers to start (and wait for at start)");
+  app.add_option("--min-np", c.min_np,
                  "Fewest workers to keep training with (makes the job elastic)");
-  app.add_option("--max-np", max_np, "Most workers to run at once");
-  app.add_option("-H,--hosts", host_list, "Static hosts: host[:slots],... (default localhost)");
-  app.add_option("--hostfile", hostfile, "File of host[:slots] lines, like discovery output");
+  app.add_option("--max-np", c.max_np, "Most workers to run at once");
+  app.add_option("-H,--hosts", c.host_list, "Static hosts: host[:slots],... (default localhost)");
+  app.add_option("--hostfile", c.hostfile, "File of host[:slots] lines, like discovery output");
   app.add_option("--host-discovery-script", o.discovery_script,
                  "Script printing the current hosts, one host[:slots] per line (elastic)");
-  app.add_option("--discovery-interval", discovery_interval, "Seconds between discovery runs")
+  app.add_option("--discovery-interval", c.discovery_interval, "Seconds between discovery runs")
       ->check(kPositive);
-  app.add_option("--discovery-timeout", discovery_timeout,
+  app.add_option("--discovery-timeout", c.discovery_timeout,
                  "Seconds before a discovery run is killed")
       ->check(kPositive);
   app.add_option("--slots-per-host", o.slots_per_host, "Slots of a host listed without a count")
       ->check(CLI::Range(1, 4096));
-  app.add_option("--elastic-timeout", elastic_timeout,
+  app.add_option("--elastic-timeout", c.elastic_timeout,
                  "Seconds to wait for hosts when below --min-np before failing")
       ->check(kPositive);
-  app.add_option("--start-timeout", start_timeout, "Seconds to wait for -np workers at start")
+  app.add_option("--start-timeout", c.start_timeout, "Seconds to wait for -np workers at start")
       ->check(kPositive);
-  app.add_option("--rendezvous-timeout", rendezvous_timeout,
+  app.add_option("--rendezvous-timeout", c.rendezvous_timeout,
                  "Seconds a round waits for its members to join before dropping the missing")
       ->check(kPositive);
+}
+
+// Failure budgets, the blacklist, stragglers, hangs, liveness.
+void AddFailureOptions(CLI::App& app, CommandLine& c) {
+  DriverOptions& o = c.o;
   app.add_option("--reset-limit", o.reset_limit, "Most membership changes (resets) allowed")
       ->check(kNonNegative);
   app.add_option("--max-failures", o.max_failures, "Most worker failures allowed")
@@ -138,7 +150,7 @@ int main(int argc, char** argv) {
   app.add_option("--host-failure-limit", o.host_failure_limit,
                  "Failures after which a host is blacklisted (0: never)")
       ->check(kNonNegative);
-  app.add_option("--blacklist-cooldown-range", cooldown,
+  app.add_option("--blacklist-cooldown-range", c.cooldown,
                  "MIN MAX seconds a blacklisted host is kept out (permanent if absent)")
       ->expected(2);
   app.add_option("--straggler-factor", o.straggler_factor,
@@ -158,23 +170,28 @@ int main(int argc, char** argv) {
                  "shrinks without it, down to --min-np); either only when its estimated gain "
                  "pays for a round change, and at most once a minute")
       ->check(CLI::IsMember({"warn", "replace", "drop"}));
-  app.add_option("--hang-timeout", hang_timeout,
+  app.add_option("--hang-timeout", c.hang_timeout,
                  "Seconds a formed round may go without progress (a commit or a collective) "
                  "before the worker holding it up is named, its stacks dumped, and killed "
                  "(default: 10x the longest commit interval seen, at least 60; 300 until one "
                  "is seen)")
       ->check(kPositive);
-  app.add_option("--liveness-timeout", liveness_timeout,
+  app.add_option("--liveness-timeout", c.liveness_timeout,
                  "Seconds a worker may not answer the driver (stopped, link down) before it is "
                  "lost (6; at least 1.5)")
       ->check(kPositive);
-  app.add_option("--driver-timeout", driver_timeout,
+  app.add_option("--driver-timeout", c.driver_timeout,
                  "Seconds workers train on while this driver is unreachable (killed, its host "
                  "lost): collectives and commits need no driver, membership changes wait for "
                  "it; past this, every worker exits by itself (120; 0: workers exit within "
                  "seconds of losing the driver, and local ones die with it)")
       ->check(CLI::Range(0.0, 86400.0));
-  app.add_option("--progress-interval", progress_interval,
+}
+
+// What the job keeps: progress, metrics, the job file, the journal, checkpoints.
+void AddStateOptions(CLI::App& app, CommandLine& c) {
+  DriverOptions& o = c.o;
+  app.add_option("--progress-interval", c.progress_interval,
                  "Seconds between progress lines (world size, step, epoch, samples/s); 0: none")
       ->check(kNonNegative);
   app.add_option("--metrics-port", o.metrics_port,
@@ -196,19 +213,23 @@ int main(int argc, char** argv) {
   app.add_flag("--start-over-if-state-lost", o.start_over_if_state_lost,
                "When every worker holding a commit is gone, train again from the initial state "
                "instead of failing the job (exit 1)");
-  double checkpoint_interval = 60;
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "Write durable checkpoints of the committed state here (rank 0, off the "
                  "training thread) and start from the newest valid one when no worker holds a "
                  "commit: a restarted job, or every holder lost. One job per folder (a lock); "
                  "on several hosts, a folder every host mounts. Layout: docs/checkpoints.md");
-  app.add_option("--checkpoint-interval", checkpoint_interval,
+  app.add_option("--checkpoint-interval", c.checkpoint_interval,
                  "Seconds between two checkpoints (60); one due while the last is still being "
                  "written is skipped")
       ->check(CLI::Range(0.001, 1e7));
   app.add_option("--checkpoint-keep", o.checkpoint_keep,
                  "How many of the newest checkpoints to keep (2)")
       ->check(CLI::Range(1, 1000));
+}
+
+// How workers start and reach the driver and one another; output and logs.
+void AddLaunchOptions(CLI::App& app, CommandLine& c) {
+  DriverOptions& o = c.o;
   app.add_option("--port", o.port, "Port of the rendezvous server (0: any free port)")
       ->check(CLI::Range(0, 65535));
   app.add_option("--driver-address", o.driver_address,
@@ -226,8 +247,7 @@ int main(int argc, char** argv) {
                  "process, and another spare starts. Spares count against the hosts' slots "
                  "(the default localhost gets -np + K). Elastic jobs only")
       ->check(CLI::Range(0, 1024));
-  bool no_shm = false;
-  app.add_flag("--no-shm-allreduce", no_shm,
+  app.add_flag("--no-shm-allreduce", c.no_shm,
                "Allreduce over Gloo's TCP ring alone, even between ranks of one host (default: "
                "the ranks of a host reduce through shared memory and one rank per host joins "
                "the cross-host ring; also $ELASTIC_SHM_ALLREDUCE=0)");
@@ -246,19 +266,21 @@ int main(int argc, char** argv) {
                  "<slot>/stderr; local workers write them, and go on when the driver is gone). "
                  "Default: a spool folder beside the job file, removed when the job ends");
   app.add_option("--event-log", o.event_log, "Append one JSON line per driver event to this file");
-  app.add_option("--grace-period", grace, "Seconds between SIGTERM and SIGKILL when stopping")
+  app.add_option("--grace-period", c.grace, "Seconds between SIGTERM and SIGKILL when stopping")
       ->check(kNonNegative);
-  app.add_option("--log-level", log_level,
+  app.add_option("--log-level", c.log_level,
                  "trace, debug, info, warn, error (or $ELASTIC_LOG_LEVEL)");
-  app.add_flag("-v,--verbose", verbose, "Same as --log-level debug");
-  std::vector<std::string> command_help;
-  app.add_option("command", command_help,
+  app.add_flag("-v,--verbose", c.verbose, "Same as --log-level debug");
+  app.add_option("command", c.command_help,
                  "The worker program and its arguments (everything after the options)");
+}
 
-  // The worker command starts at the first word that is neither an option nor an option's
-  // value (or after `--`); only what comes before it is parsed here, so the command's own
-  // flags are never mistaken for ours. CLI11 takes no multi-letter single-dash names, so
-  // mpirun's `-np` is spelled `--np` for it.
+// Splits argv into our options (returned, reversed as CLI11 parses them) and the worker
+// command. The command starts at the first word that is neither an option nor an option's
+// value (or after `--`), so the command's own flags are never mistaken for ours. CLI11 takes
+// no multi-letter single-dash names, so mpirun's `-np` is spelled `--np` for it.
+std::vector<std::string> SplitCommand(const CLI::App& app, int argc, char** argv,
+                                      std::vector<std::string>* command) {
   static const std::set<std::string> kFlags = {"-h", "--help", "--version"};
   std::vector<std::string> args;
   int i = 1;
@@ -274,193 +296,247 @@ int main(int argc, char** argv) {
     const CLI::Option* opt = app.get_option_no_throw(a == "-np" ? "--np" : a);
     if (opt == nullptr) continue;                // CLI11 reports it
     int values = opt->get_items_expected_max();  // 0 for a flag
-
     for (int k = 0; k < values && i + 1 < argc; ++k) args.push_back(argv[++i]);
   }
-  for (; i < argc; ++i) o.command.push_back(argv[i]);
-  std::reverse(args.begin(), args.end());  // CLI11 parses a reversed vector
+  for (; i < argc; ++i) command->push_back(argv[i]);
+  std::reverse(args.begin(), args.end());
+  return args;
+}
+
+// The driver's own environment, read here and nowhere else (the workers' is read by
+// worker_agent/worker_options.cc). --log-level and -v come before ELASTIC_LOG_LEVEL.
+void ReadDriverEnvironment(CommandLine& c) {
+  if (c.no_shm || elastic::Env("ELASTIC_SHM_ALLREDUCE") == "0") c.o.shm_allreduce = false;
+  c.o.grpc_bdp_probe = elastic::Env("ELASTIC_GRPC_BDP_PROBE") == "1";
+  if (c.log_level.empty()) c.log_level = c.verbose ? "debug" : elastic::Env("ELASTIC_LOG_LEVEL");
+  c.raise_priority = elastic::Env("ELASTIC_DRIVER_NICE") != "0";
+}
+
+// The driver runs 10 nice levels above its workers where it may, so that its reaction to a
+// failure does not wait behind them for a time slice on a machine they keep busy. Before any
+// thread starts (they inherit it).
+void RaisePriority() {
+  auto raised = elastic::RaiseOwnPriority(10);
+  if (raised.ok()) {
+    spdlog::debug("driver nice value {} (workers keep the one it was started with)", *raised);
+  } else {
+    spdlog::debug("driver priority unchanged: {}", raised.status().message());
+  }
+}
+
+// The host source (-H, --hostfile, a discovery script, or localhost), and the hosts of the
+// static ones.
+Status ResolveHosts(const CLI::App& app, CommandLine& c) {
+  DriverOptions& o = c.o;
+  int sources = !c.host_list.empty() + !c.hostfile.empty() + !o.discovery_script.empty();
+  if (sources > 1) return Refuse("give only one of -H, --hostfile and --host-discovery-script");
+  if (app.count("--hosts") && c.host_list.empty()) return Refuse("-H: the host list is empty");
+  if (app.count("--host-discovery-script") && o.discovery_script.empty())
+    return Refuse("--host-discovery-script: no script given");
+  if (!o.discovery_script.empty() &&
+      o.discovery_script.find_first_of(" \t;|&$<>") == std::string::npos &&
+      access(o.discovery_script.c_str(), X_OK) != 0) {
+    return Refuse("--host-discovery-script " + o.discovery_script + ": " + strerror(errno) +
+                  " (give the path of an executable script, or a shell command with arguments)");
+  }
+  if (!c.host_list.empty()) {
+    auto hosts = elastic::discovery::ParseHostList(c.host_list, o.slots_per_host);
+    if (!hosts.ok()) return Refuse("-H: " + hosts.status().message());
+    o.hosts = *hosts;
+  } else if (!c.hostfile.empty()) {
+    std::ifstream f(c.hostfile);
+    if (!f) return Refuse("cannot read --hostfile '" + c.hostfile + "'");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    auto hosts = elastic::discovery::ParseHostLines(ss.str(), o.slots_per_host, nullptr);
+    if (!hosts.ok()) return Refuse("--hostfile " + c.hostfile + ": " + hosts.status().message());
+    if (hosts->empty()) return Refuse("--hostfile " + c.hostfile + " lists no hosts");
+    o.hosts = *hosts;
+  } else if (o.discovery_script.empty()) {
+    const int np = c.np > 0 ? c.np : (c.max_np > 0 ? c.max_np : (c.min_np > 0 ? c.min_np : 1));
+    o.hosts = {{"localhost", np + o.spares}};
+  }
+  return Status::Ok();
+}
+
+// -np, --min-np and --max-np against one another and the hosts' slots; what needs an elastic
+// job.
+Status ResolveSizes(const CLI::App& app, CommandLine& c) {
+  DriverOptions& o = c.o;
+  o.elastic = !o.discovery_script.empty() || app.count("--min-np") > 0;
+  if (o.spares > 0 && !o.elastic) {
+    return Refuse(
+        "--spares needs an elastic job (--min-np or --host-discovery-script): a "
+        "fixed-size job ends at its first failure, so a spare would never be used");
+  }
+  if (o.straggler_action != "warn" && !o.elastic) {
+    return Refuse("--straggler-action " + o.straggler_action +
+                  " needs an elastic job (--min-np or --host-discovery-script): a fixed-size "
+                  "job cannot go on without a worker");
+  }
+  int total = 0;
+  for (const auto& h : o.hosts) total += h.slots;
+  o.np = c.np > 0 ? c.np : (c.min_np > 0 ? c.min_np : total);
+  o.min_np = c.min_np > 0 ? c.min_np : o.np;
+  o.max_np = c.max_np > 0 ? c.max_np : (o.elastic ? 0 : o.np);
+  if (o.np < 1) return Refuse("nothing to run: give -np or --min-np with a discovery script");
+  if (o.min_np > o.np) {
+    return Refuse("--min-np (" + std::to_string(o.min_np) + ") is above -np (" +
+                  std::to_string(o.np) + "): the job would start below its minimum");
+  }
+  // Checked before -np against --max-np: without -np, -np is --min-np, and the user should
+  // hear about the two numbers they gave.
+  if (o.max_np > 0 && o.min_np > o.max_np) {
+    return Refuse("--min-np (" + std::to_string(o.min_np) + ") is above --max-np (" +
+                  std::to_string(o.max_np) + ")");
+  }
+  if (o.max_np > 0 && o.np > o.max_np) {
+    return Refuse("-np (" + std::to_string(o.np) + ") is above --max-np (" +
+                  std::to_string(o.max_np) + ")");
+  }
+  if (o.discovery_script.empty() && total < o.np) {
+    return Refuse("-np " + std::to_string(o.np) + " needs more slots than the " +
+                  std::to_string(total) + " the hosts give");
+  }
+  return Status::Ok();
+}
+
+// The blacklist's cooldown, the addresses and template, and every number of seconds.
+Status ResolveTimes(const CLI::App& app, CommandLine& c) {
+  DriverOptions& o = c.o;
+  if (!c.cooldown.empty()) {
+    if (c.cooldown[0] < 0 || c.cooldown[1] < c.cooldown[0]) {
+      return Refuse("--blacklist-cooldown-range needs 0 <= MIN <= MAX");
+    }
+    o.cooldown_min = Secs(c.cooldown[0]);
+    o.cooldown_max = Secs(c.cooldown[1]);
+  }
+  if (app.count("--driver-address")) {
+    RETURN_IF_ERROR(elastic::driver::CheckDriverAddress(o.driver_address));
+  }
+  if (app.count("--launcher-template")) {
+    RETURN_IF_ERROR(elastic::driver::CheckTemplate(o.launcher_template));
+  }
+  o.discovery_interval = Secs(c.discovery_interval);
+  o.discovery_timeout = Secs(c.discovery_timeout);
+  o.elastic_timeout = Secs(c.elastic_timeout);
+  o.start_timeout = Secs(c.start_timeout);
+  o.rendezvous_timeout = Secs(c.rendezvous_timeout);
+  o.grace = Secs(c.grace);
+  if (c.liveness_timeout < 1.5) return Refuse("--liveness-timeout must be at least 1.5 s");
+  if (o.straggler_factor > 0 && o.straggler_factor <= 1) {
+    return Refuse(
+        "--straggler-factor must be above 1 (or 0: off); 1.5 names a member that "
+        "computes half again as long as its peers");
+  }
+  o.liveness_timeout = Secs(c.liveness_timeout);
+  o.hang_timeout = Secs(c.hang_timeout);
+  o.progress_interval = Secs(c.progress_interval);
+  o.driver_timeout = Secs(c.driver_timeout);
+  o.checkpoint_interval = Secs(c.checkpoint_interval);
+  return Status::Ok();
+}
+
+// --state-dir and --checkpoint-dir: made, locked, and given as full paths (workers elsewhere,
+// another cwd or host, get the same folder).
+Status PrepareFolders(const CLI::App& app, CommandLine& c) {
+  DriverOptions& o = c.o;
+  char real[PATH_MAX];
+  if (o.fresh && o.state_dir.empty()) return Refuse("--fresh needs --state-dir");
+  if (app.count("--state-dir")) {
+    if (o.state_dir.empty()) return Refuse("--state-dir: no folder given");
+    if (mkdir(o.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      return Refuse("--state-dir " + o.state_dir + ": " + strerror(errno));
+    }
+    if (realpath(o.state_dir.c_str(), real) == nullptr) {
+      return Refuse("--state-dir " + o.state_dir + ": " + strerror(errno));
+    }
+    o.state_dir = real;
+  }
+  if ((app.count("--checkpoint-interval") || app.count("--checkpoint-keep")) &&
+      o.checkpoint_dir.empty()) {
+    return Refuse("--checkpoint-interval and --checkpoint-keep need --checkpoint-dir");
+  }
+  if (app.count("--checkpoint-dir")) {
+    if (o.checkpoint_dir.empty()) return Refuse("--checkpoint-dir: no folder given");
+    // Held until this process ends: a second job on the folder is refused.
+    auto lock = elastic::LockCheckpointDir(o.checkpoint_dir);
+    if (!lock.ok()) return Refuse("--checkpoint-dir: " + lock.status().message());
+    if (realpath(o.checkpoint_dir.c_str(), real) == nullptr) {
+      return Refuse("--checkpoint-dir " + o.checkpoint_dir + ": " + strerror(errno));
+    }
+    o.checkpoint_dir = real;
+    elastic::RemoveUnfinishedCheckpoints(o.checkpoint_dir);
+  }
+  return Status::Ok();
+}
+
+// A local command that does not exist is caught before anything starts.
+bool LocalCommandFound(const DriverOptions& o) {
+  bool any_local = o.hosts.empty();
+  for (const auto& h : o.hosts) {
+    if (h.host == "localhost" || h.host == "127.0.0.1") any_local = true;
+  }
+  if (!any_local || !o.launcher_template.empty()) return true;
+  const std::string& prog = o.command[0];
+  if (prog.find('/') != std::string::npos) return access(prog.c_str(), X_OK) == 0;
+  std::stringstream dirs(elastic::Env("PATH"));
+  std::string dir;
+  while (std::getline(dirs, dir, ':')) {
+    if (access((dir + "/" + prog).c_str(), X_OK) == 0) return true;
+  }
+  return false;
+}
+
+int Fail(const std::string& m) {
+  std::fprintf(stderr, "elastic-run: %s\nRun with --help for usage.\n", m.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "status") return StatusMain(argc, argv);
+  // Before any thread exists: the driver receives these through a signalfd.
+  elastic::driver::BlockDriverSignals();
+
+  CLI::App app{
+      "elastic-run: an elastic launcher for distributed training.\n"
+      "Starts and watches worker processes, re-forms the job when hosts come and go,\n"
+      "and keeps training going at whatever size the cluster allows."};
+  app.footer(kExamples);
+  app.set_version_flag("--version", std::string("elastic-run ") + kVersion);
+  app.allow_extras(false);
+  CommandLine c;
+  AddSizeAndHostOptions(app, c);
+  AddFailureOptions(app, c);
+  AddStateOptions(app, c);
+  AddLaunchOptions(app, c);
+  std::vector<std::string> args = SplitCommand(app, argc, argv, &c.o.command);
   try {
     app.parse(args);
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);  // prints help, version, or the error
     return code == 0 ? 0 : 2;
   }
-  auto fail = [](const std::string& m) {
-    std::fprintf(stderr, "elastic-run: %s\nRun with --help for usage.\n", m.c_str());
-    return 2;
-  };
-  if (o.command.empty()) return fail("no worker command given (e.g. `elastic-run -np 2 ./train`)");
-  if (const char* v = std::getenv("ELASTIC_SHM_ALLREDUCE"); no_shm || (v && std::string(v) == "0")) {
-    o.shm_allreduce = false;
+  if (c.o.command.empty())
+    return Fail("no worker command given (e.g. `elastic-run -np 2 ./train`)");
+  ReadDriverEnvironment(c);
+  auto logging = elastic::InitLogging(c.log_level, "driver");
+  if (!logging.ok()) return Fail(logging.message());
+  if (c.raise_priority) RaisePriority();
+  if (app.count("--np") && c.np < 1)
+    return Fail("-np must be at least 1 (got " + std::to_string(c.np) + ")");
+  if (app.count("--min-np") && c.min_np < 1) return Fail("--min-np must be at least 1");
+  if (app.count("--max-np") && c.max_np < 1) return Fail("--max-np must be at least 1");
+  for (auto step : {ResolveHosts, ResolveSizes, ResolveTimes}) {
+    if (Status s = step(app, c); !s.ok()) return Fail(s.message());
   }
-  o.grpc_bdp_probe = elastic::Env("ELASTIC_GRPC_BDP_PROBE") == "1";
-  if (verbose && log_level.empty()) log_level = "debug";
-  auto logging = elastic::InitLogging(log_level, "driver");
-  if (!logging.ok()) return fail(logging.message());
-  // Before any thread starts (they inherit it): the driver runs 10 nice levels above its
-  // workers where it may, so that its reaction to a failure does not wait behind them for a
-  // time slice on a machine they keep busy. ELASTIC_DRIVER_NICE=0 leaves it as it is.
-  if (const char* v = std::getenv("ELASTIC_DRIVER_NICE"); !v || std::string(v) != "0") {
-    auto raised = elastic::RaiseOwnPriority(10);
-    if (raised.ok()) {
-      spdlog::debug("driver nice value {} (workers keep the one it was started with)", *raised);
-    } else {
-      spdlog::debug("driver priority unchanged: {}", raised.status().message());
-    }
+  if (Status s = PrepareFolders(app, c); !s.ok()) return Fail(s.message());
+  for (int i = 1; i < argc; ++i) c.o.argv.push_back(argv[i]);  // the journal's command line
+  if (!LocalCommandFound(c.o)) {
+    std::fprintf(stderr, "elastic-run: command not found: %s\n", c.o.command[0].c_str());
+    return 127;
   }
-
-  if (app.count("--np") && np < 1)
-    return fail("-np must be at least 1 (got " + std::to_string(np) + ")");
-  if (app.count("--min-np") && min_np < 1) return fail("--min-np must be at least 1");
-  if (app.count("--max-np") && max_np < 1) return fail("--max-np must be at least 1");
-  int sources = !host_list.empty() + !hostfile.empty() + !o.discovery_script.empty();
-  if (sources > 1) return fail("give only one of -H, --hostfile and --host-discovery-script");
-  if (app.count("--hosts") && host_list.empty()) return fail("-H: the host list is empty");
-  if (app.count("--host-discovery-script") && o.discovery_script.empty())
-    return fail("--host-discovery-script: no script given");
-  if (!o.discovery_script.empty() &&
-      o.discovery_script.find_first_of(" \t;|&$<>") == std::string::npos &&
-      access(o.discovery_script.c_str(), X_OK) != 0) {
-    return fail("--host-discovery-script " + o.discovery_script + ": " + strerror(errno) +
-                " (give the path of an executable script, or a shell command with arguments)");
-  }
-  if (!host_list.empty()) {
-    auto hosts = elastic::discovery::ParseHostList(host_list, o.slots_per_host);
-    if (!hosts.ok()) return fail("-H: " + hosts.status().message());
-    o.hosts = *hosts;
-  } else if (!hostfile.empty()) {
-    std::ifstream f(hostfile);
-    if (!f) return fail("cannot read --hostfile '" + hostfile + "'");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    auto hosts = elastic::discovery::ParseHostLines(ss.str(), o.slots_per_host, nullptr);
-    if (!hosts.ok()) return fail("--hostfile " + hostfile + ": " + hosts.status().message());
-    if (hosts->empty()) return fail("--hostfile " + hostfile + " lists no hosts");
-    o.hosts = *hosts;
-  } else if (o.discovery_script.empty()) {
-    o.hosts = {{"localhost",
-                (np > 0 ? np : (max_np > 0 ? max_np : (min_np > 0 ? min_np : 1))) + o.spares}};
-  }
-  o.elastic = !o.discovery_script.empty() || app.count("--min-np") > 0;
-  if (o.spares > 0 && !o.elastic) {
-    return fail("--spares needs an elastic job (--min-np or --host-discovery-script): a "
-                "fixed-size job ends at its first failure, so a spare would never be used");
-  }
-  if (o.straggler_action != "warn" && !o.elastic) {
-    return fail("--straggler-action " + o.straggler_action +
-                " needs an elastic job (--min-np or --host-discovery-script): a fixed-size job "
-                "cannot go on without a worker");
-  }
-  int total = 0;
-  for (const auto& h : o.hosts) total += h.slots;
-  o.np = np > 0 ? np : (min_np > 0 ? min_np : total);
-  o.min_np = min_np > 0 ? min_np : o.np;
-  o.max_np = max_np > 0 ? max_np : (o.elastic ? 0 : o.np);
-  if (o.np < 1) return fail("nothing to run: give -np or --min-np with a discovery script");
-  if (o.min_np > o.np) {
-    return fail("--min-np (" + std::to_string(o.min_np) + ") is above -np (" +
-                std::to_string(o.np) + "): the job would start below its minimum");
-  }
-  // Checked before -np against --max-np: without -np, -np is --min-np, and the user should
-  // hear about the two numbers they gave.
-  if (o.max_np > 0 && o.min_np > o.max_np) {
-    return fail("--min-np (" + std::to_string(o.min_np) + ") is above --max-np (" +
-                std::to_string(o.max_np) + ")");
-  }
-  if (o.max_np > 0 && o.np > o.max_np) {
-    return fail("-np (" + std::to_string(o.np) + ") is above --max-np (" +
-                std::to_string(o.max_np) + ")");
-  }
-  if (o.discovery_script.empty() && total < o.np) {
-    return fail("-np " + std::to_string(o.np) + " needs more slots than the " +
-                std::to_string(total) + " the hosts give");
-  }
-  if (!cooldown.empty()) {
-    if (cooldown[0] < 0 || cooldown[1] < cooldown[0]) {
-      return fail("--blacklist-cooldown-range needs 0 <= MIN <= MAX");
-    }
-    o.cooldown_min =
-        std::chrono::duration_cast<elastic::Duration>(std::chrono::duration<double>(cooldown[0]));
-    o.cooldown_max =
-        std::chrono::duration_cast<elastic::Duration>(std::chrono::duration<double>(cooldown[1]));
-  }
-  if (app.count("--driver-address")) {
-    elastic::Status ok = elastic::driver::CheckDriverAddress(o.driver_address);
-    if (!ok.ok()) return fail(ok.message());
-  }
-  if (app.count("--launcher-template")) {
-    elastic::Status ok = elastic::driver::CheckTemplate(o.launcher_template);
-    if (!ok.ok()) return fail(ok.message());
-  }
-  auto secs = [](double v) {
-    return std::chrono::duration_cast<elastic::Duration>(std::chrono::duration<double>(v));
-  };
-  o.discovery_interval = secs(discovery_interval);
-  o.discovery_timeout = secs(discovery_timeout);
-  o.elastic_timeout = secs(elastic_timeout);
-  o.start_timeout = secs(start_timeout);
-  o.rendezvous_timeout = secs(rendezvous_timeout);
-  o.grace = secs(grace);
-  if (liveness_timeout < 1.5) return fail("--liveness-timeout must be at least 1.5 s");
-  if (o.straggler_factor > 0 && o.straggler_factor <= 1) {
-    return fail("--straggler-factor must be above 1 (or 0: off); 1.5 names a member that "
-                "computes half again as long as its peers");
-  }
-  o.liveness_timeout = secs(liveness_timeout);
-  o.hang_timeout = secs(hang_timeout);
-  o.progress_interval = secs(progress_interval);
-  o.driver_timeout = secs(driver_timeout);
-  if (o.fresh && o.state_dir.empty()) return fail("--fresh needs --state-dir");
-  if (app.count("--state-dir")) {
-    if (o.state_dir.empty()) return fail("--state-dir: no folder given");
-    if (mkdir(o.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
-      return fail("--state-dir " + o.state_dir + ": " + strerror(errno));
-    }
-    char real[PATH_MAX];
-    if (realpath(o.state_dir.c_str(), real) == nullptr) {
-      return fail("--state-dir " + o.state_dir + ": " + strerror(errno));
-    }
-    o.state_dir = real;
-  }
-  for (int i = 1; i < argc; ++i) o.argv.push_back(argv[i]);  // the journal's command line
-  o.checkpoint_interval = secs(checkpoint_interval);
-  if ((app.count("--checkpoint-interval") || app.count("--checkpoint-keep")) &&
-      o.checkpoint_dir.empty()) {
-    return fail("--checkpoint-interval and --checkpoint-keep need --checkpoint-dir");
-  }
-  if (app.count("--checkpoint-dir")) {
-    if (o.checkpoint_dir.empty()) return fail("--checkpoint-dir: no folder given");
-    // Held until this process ends: a second job on the folder is refused.
-    auto lock = elastic::LockCheckpointDir(o.checkpoint_dir);
-    if (!lock.ok()) return fail("--checkpoint-dir: " + lock.status().message());
-    char real[PATH_MAX];
-    if (realpath(o.checkpoint_dir.c_str(), real) == nullptr) {
-      return fail("--checkpoint-dir " + o.checkpoint_dir + ": " + strerror(errno));
-    }
-    o.checkpoint_dir = real;  // workers elsewhere (another cwd, another host) get the full path
-    elastic::RemoveUnfinishedCheckpoints(o.checkpoint_dir);
-  }
-  // A local command that does not exist is caught here, before anything starts.
-  bool any_local = o.hosts.empty();
-  for (const auto& h : o.hosts) {
-    if (h.host == "localhost" || h.host == "127.0.0.1") any_local = true;
-  }
-  if (any_local && o.launcher_template.empty()) {
-    const std::string& prog = o.command[0];
-    bool found = false;
-    if (prog.find('/') != std::string::npos) {
-      found = access(prog.c_str(), X_OK) == 0;
-    } else {
-      const char* path = std::getenv("PATH");
-      std::stringstream dirs(path ? path : "");
-      std::string dir;
-      while (!found && std::getline(dirs, dir, ':'))
-        found = access((dir + "/" + prog).c_str(), X_OK) == 0;
-    }
-    if (!found) {
-      std::fprintf(stderr, "elastic-run: command not found: %s\n", prog.c_str());
-      return 127;
-    }
-  }
-  return elastic::driver::RunDriver(o);
+  return elastic::driver::RunDriver(c.o);
 }

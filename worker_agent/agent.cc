@@ -657,12 +657,19 @@ Agent& Init(AgentOptions options) {
   static std::once_flag once;
   std::unique_ptr<Agent>& agent = ProcessAgent();
   std::call_once(once, [&] {
-    // Worker logs go to stderr, so the training program's stdout stays its own.
-    Status logging = InitLogging("", "worker");
-    if (!logging.ok()) std::fprintf(stderr, "elastic: %s\n", logging.message().c_str());
     auto env = WorkerOptions::FromEnvironment();
     if (!env.ok()) {
       std::fprintf(stderr, "elastic: %s\n", env.status().message().c_str());
+      std::exit(2);
+    }
+    // Worker logs go to stderr, so the training program's stdout stays its own.
+    Status logging = InitLogging(env->log_level, "worker");
+    if (!logging.ok())
+      std::fprintf(stderr, "elastic: ELASTIC_LOG_LEVEL: %s\n", logging.message().c_str());
+    // The test hooks are the process's (common/test_hook.h): set here, for the process-wide
+    // agent, not in Agent::Create, which tests call for several agents of one process.
+    if (Status hooks = ConfigureTestHooks(env->test_hooks, env->slot); !hooks.ok()) {
+      std::fprintf(stderr, "elastic: %s\n", hooks.message().c_str());
       std::exit(2);
     }
     auto a = Agent::Create(*env, options);

@@ -8,14 +8,15 @@
 namespace elastic {
 
 const char* const kWorkerVariables[] = {
-    "ELASTIC_DRIVER_ADDR",     "ELASTIC_JOB_TOKEN",           "ELASTIC_SLOT",
-    "ELASTIC_HOSTNAME",        "ELASTIC_IFACE",               "ELASTIC_WORKER_ID",
-    "ELASTIC_RIDE_OUT_FILE",   "ELASTIC_BACKEND",             "ELASTIC_DRIVER_TIMEOUT",
-    "ELASTIC_SPARE",           "ELASTIC_CHECKPOINT_DIR",      "ELASTIC_CHECKPOINT_INTERVAL",
-    "ELASTIC_CHECKPOINT_KEEP", "ELASTIC_STACK_SIGNAL",        "ELASTIC_NCCL_SHRINK",
-    "ELASTIC_SHM_ALLREDUCE",   "ELASTIC_SHM_REUSE",           "ELASTIC_SHM_COLLECTIVES",
-    "ELASTIC_GLOO_LAZY_PAIRS", "ELASTIC_GLOO_FULL_MESH",      "ELASTIC_SHM_SLOT_BYTES",
-    "ELASTIC_NCCL_LIBRARY",    "ELASTIC_CUDART_LIBRARY",      "ELASTIC_GRPC_BDP_PROBE",
+    "ELASTIC_DRIVER_ADDR",     "ELASTIC_JOB_TOKEN",      "ELASTIC_SLOT",
+    "ELASTIC_HOSTNAME",        "ELASTIC_IFACE",          "ELASTIC_WORKER_ID",
+    "ELASTIC_RIDE_OUT_FILE",   "ELASTIC_BACKEND",        "ELASTIC_DRIVER_TIMEOUT",
+    "ELASTIC_SPARE",           "ELASTIC_CHECKPOINT_DIR", "ELASTIC_CHECKPOINT_INTERVAL",
+    "ELASTIC_CHECKPOINT_KEEP", "ELASTIC_STACK_SIGNAL",   "ELASTIC_NCCL_SHRINK",
+    "ELASTIC_SHM_ALLREDUCE",   "ELASTIC_SHM_REUSE",      "ELASTIC_SHM_COLLECTIVES",
+    "ELASTIC_GLOO_LAZY_PAIRS", "ELASTIC_GLOO_FULL_MESH", "ELASTIC_SHM_SLOT_BYTES",
+    "ELASTIC_NCCL_LIBRARY",    "ELASTIC_CUDART_LIBRARY", "ELASTIC_GRPC_BDP_PROBE",
+    "ELASTIC_LOG_LEVEL",       "ELASTIC_TEST_HOOKS",
 };
 const size_t kWorkerVariableCount = sizeof kWorkerVariables / sizeof kWorkerVariables[0];
 
@@ -156,6 +157,8 @@ StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   if (w) o.shm_slot_bytes = static_cast<size_t>(*w);
   o.nccl_library = Reader::Text("ELASTIC_NCCL_LIBRARY");
   o.cudart_library = Reader::Text("ELASTIC_CUDART_LIBRARY");
+  o.log_level = Reader::Text("ELASTIC_LOG_LEVEL");
+  o.test_hooks = Reader::Text("ELASTIC_TEST_HOOKS");
   return o;
 }
 

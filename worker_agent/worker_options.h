@@ -2,9 +2,8 @@
 // handed to what needs it (the agent, the communicators, the checkpoint writer). elastic-run
 // sets most of these (docs/architecture.md, "Environment"); the tuning switches are in the
 // README's table of worker variables, which tests/python/test_cli.py checks against
-// kWorkerVariables below. No other file of a worker reads an ELASTIC_* variable but
-// common/logging.cc (ELASTIC_LOG_LEVEL) and common/test_hook.cc (ELASTIC_TEST_HOOKS), which
-// the driver reads the same way.
+// kWorkerVariables below. No other file of a worker reads an ELASTIC_* variable
+// (tests/python/test_worker_env.py checks that); the driver's are read in driver/main.cc.
 #pragma once
 
 #include <cstddef>
@@ -55,6 +54,9 @@ struct WorkerOptions {
   std::string nccl_library;     // ELASTIC_NCCL_LIBRARY: a path to libnccl.so (else searched)
   std::string cudart_library;   // ELASTIC_CUDART_LIBRARY: a path to libcudart.so
   bool grpc_bdp_probe = false;  // ELASTIC_GRPC_BDP_PROBE: gRPC's HTTP/2 bandwidth probing
+
+  std::string log_level;   // ELASTIC_LOG_LEVEL (empty: info), checked by InitLogging
+  std::string test_hooks;  // ELASTIC_TEST_HOOKS (common/test_hook.h), checked when configured
 
   // Reads and checks every variable above; INVALID_ARGUMENT naming the variable and its value
   // (or the missing required one: run under elastic-run).
