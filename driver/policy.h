@@ -189,8 +189,39 @@ class Policy {
   // hosts (--elastic-timeout) would not help. Not with --max-failures or --reset-limit.
   bool EndIfNoWorkerStarted(const Worker& last, const std::string& what);
   void Progress();
+  // OnExit's cases: a member killed after its peers finished; a newcomer or a spare that ended
+  // before taking a place; a member kept for its state that had been told to leave; a member
+  // that finished training (exit 0); a member that failed.
+  void OnHungMemberExit(Worker& w, const std::string& rank, const std::string& how);
+  void OnNewcomerExit(Worker& w, const std::string& how);
+  void OnSpareExit(Worker& w, const std::string& how);
+  void OnRescuedExit(Worker& w, const std::string& rank, const std::string& how);
+  void OnMemberFinished(const Worker& w, const std::string& rank);
+  void OnMemberFailed(Worker& w, const std::string& rank, int code, const std::string& how);
 
+  // Plans the next round from the hosts and workers and, when it differs from the current one,
+  // proposes it and fences the current one; else waits for hosts, or ends the job.
   void Replan(const std::string& reason);
+  // Replan's steps. The plan, with the newcomers still starting counted in when the job would
+  // be too small without them (they move from in.busy to in.spares).
+  std::vector<std::string> PlanWithStarting(PlanInput& in, size_t need) const;
+  // Warns once of each worker kept only because it alone holds the newest state.
+  void WarnKeptHolders(const PlanInput& in);
+  // Too few slots (`available` of `need`): ends the job when no host can come back, else
+  // withdraws a broken proposal and starts the wait for hosts.
+  void WaitForHosts(size_t available, size_t need, const std::string& reason);
+  // Takes the slots that need a new process out of `plan` when the rest are enough (survivors
+  // never wait for a start); returns them, to start as newcomers.
+  std::vector<std::string> SplitOffNewcomers(const PlanInput& in, size_t need,
+                                             std::vector<std::string>* plan) const;
+  // Whether `plan` only adds newcomers whose places' loss was counted as a reset already.
+  bool OnlyPaidArrivals(const std::vector<std::string>& plan) const;
+  // Proposes the next round of `plan`, fences the current one and places its members.
+  void ProposeAndFence(const std::vector<std::string>& plan, const PlanInput& in,
+                       const std::string& reason);
+  // Gives each member of the new round its place: a waiting spare or newcomer takes it, a slot
+  // with no process gets one.
+  void PlaceMembers(const std::vector<std::string>& plan, const PlanInput& in);
   // A member failed, hung or was lost: its peers are aborted, its host charged, and the job
   // re-forms without it.
   void LoseWorker(Worker& w, const std::string& what);
@@ -251,6 +282,7 @@ class Policy {
   void Event(std::string name, JsonFields fields);
   void Emit(Action a) { actions_.push_back(std::move(a)); }
   TimePoint Now() const { return opts_.clock->Now(); }
+  static double Secs(Duration d) { return std::chrono::duration<double>(d).count(); }
 
   PolicyOptions opts_;
   const DriverOptions& d_;
@@ -260,6 +292,10 @@ class Policy {
   // (state() puts the two together).
   PolicyState s_;
   void OnCheckpointReport(const Worker& w, const rendezvous::Report& r);
+  // A member's FAILED report (a failure of its own in this round), and its commit reports:
+  // the step and cursor it holds, the recovery's last phases, stragglers, the finisher's check.
+  void OnFailedReport(Worker& w, const rendezvous::Report& r);
+  void OnCommitReport(Worker& w, const rendezvous::Report& r);
 };
 
 }  // namespace elastic::driver
