@@ -2,6 +2,7 @@
 // policy.cc (membership decisions). Private to driver/.
 #pragma once
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -154,12 +155,48 @@ class Driver : public rendezvous::Listener {
     (void)ignored;
   }
   static constexpr size_t kMaxPosted = 1 << 16;
+  // Opens the event log, the output folders, the state folder (adopting its job when its
+  // workers still run), the rendezvous core and server; then starts the job or adopts it.
   Status Start();
+  // Start's steps: where workers' output goes (files followed through inotify, else pipes);
+  // the rendezvous server, listening where the workers dial; the job file and the metrics
+  // endpoint (`host`: the address the workers dial).
+  Status SetUpOutput();
+  Status StartServer(bool all_local);
+  Status PublishJob(const std::string& host);
+  // The event loop: carries out the policy's actions, polls the signals, the posted events,
+  // the workers' output and exits, and feeds what it saw to the policy; returns once the job
+  // is shutting down and every process is reaped.
   void Loop();
+  // What Loop polls: the signalfd, the wake eventfd, inotify when there is one, then each
+  // running worker's pipes (when its output is not in files) and its pidfd.
+  struct PollRef {
+    enum : int { kNone = 0, kStdout = 1, kStderr = 2, kExit = 3 };
+    Worker* w;
+    int what;
+  };
+  struct PollSet {
+    std::vector<pollfd> fds;
+    std::vector<PollRef> refs;  // one per fd
+    size_t first_worker = 0;
+  };
+  PollSet MakePollSet();
+  // A signal from the signalfd, to the policy.
+  void ReadSignal();
+  // The events other threads posted (Post), handled in order.
+  void TakePosted();
+  // A worker's pidfd was readable: reaps it (false when it has not ended after all), drains
+  // what it wrote last, and gives its exit code (an adopted one's: what its agent said).
+  bool ReapWorker(Worker& w, std::vector<char>& buf, int* code);
+  // Reads what a worker's pipe (stream 1 or 2) has; at its end, closes it.
+  void ReadPipe(Worker& w, int stream, std::vector<char>& buf);
   void HandlePosted(Posted& p);
   // Carries out the policy's actions until it has none left (an action's result may be an
   // event that makes more).
   void Perform();
+  // The policy's kSignal: `signal` to the slot's worker (its process group; a remote one is
+  // told on its launch's stdin), held back while its stacks are being dumped.
+  void SignalWorker(const std::string& slot, int signal);
   // --state-dir: takes the folder, and adopts the job of the journal in it when its workers
   // still run (resume_ is set then); else starts afresh, saying why.
   Status OpenStateDir();

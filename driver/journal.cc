@@ -117,10 +117,11 @@ Status WriteJournal(const std::string& dir, const Journal& j) {
   return wrote.ok() ? wrote : wrote.WithContext("the journal");
 }
 
-StatusOr<Journal> ReadJournal(const std::string& dir) {
-  std::string path = JournalPath(dir);
-  // The journal names the processes a driver adopts, and --fresh kills: only one this user
-  // alone could have written is trusted.
+namespace {
+
+// The journal's text, when its file is one only this user could have written: the journal
+// names the processes a driver adopts, and --fresh kills. Bounded.
+StatusOr<std::string> ReadTrustedText(const std::string& dir, const std::string& path) {
   struct stat st;
   if (lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return NotFound("no journal in " + dir);
@@ -143,6 +144,54 @@ StatusOr<Journal> ReadJournal(const std::string& dir) {
     return InvalidArgument(path + " is over " + std::to_string(kMaxJournalBytes >> 20) +
                            " MiB: not a journal this driver wrote");
   }
+  return text;
+}
+
+// journal.core: the rendezvous core's snapshot. Throws std::runtime_error naming the field.
+void ParseCore(const json& doc, rendezvous::CoreSnapshot* out) {
+  json core;
+  Get(doc, "core", &core, "journal");
+  Get(core, "formed_round", &out->formed_round, "journal.core");
+  Get(core, "newest_committed", &out->newest_committed, "journal.core");
+  Get(core, "worker_ids", &out->worker_ids, "journal.core");
+  Get(core, "known_slots", &out->known_slots, "journal.core");
+  Get(core, "removed", &out->removed, "journal.core");
+  json members;
+  Get(core, "formed_members", &members, "journal.core");
+  if (!members.is_object()) throw std::runtime_error("journal.core.formed_members is no map");
+  for (const auto& [slot, a] : members.items()) {
+    out->formed_members[slot] = GetAssignment(a, "journal.core.formed_members." + slot);
+  }
+}
+
+// One of journal.workers (`at` names it). Throws std::runtime_error naming the field.
+void ParseWorker(const json& w, const std::string& at, JournalWorker* out) {
+  Get(w, "pid", &out->pid, at);
+  if (out->pid <= 1) throw std::runtime_error(at + ".pid is out of range");
+  Get(w, "start_ticks", &out->start_ticks, at);
+  Get(w, "local", &out->local, at);
+  Get(w, "host", &out->host, at);
+  Get(w, "stdout_file", &out->stdout_file, at);
+  Get(w, "stderr_file", &out->stderr_file, at);
+  Get(w, "stdout_offset", &out->stdout_offset, at);
+  Get(w, "stderr_offset", &out->stderr_offset, at);
+  Get(w, "remote_dir", &out->remote_dir, at);
+  Get(w, "remote_group", &out->remote_group, at);
+  if (!out->remote_dir.empty()) {
+    if (out->local || out->remote_dir[0] != '/' || out->remote_dir.size() > 1000) {
+      throw std::runtime_error(at + ".remote_dir is out of range");
+    }
+    if (out->remote_group != out->pid && out->remote_group != -int64_t{out->pid}) {
+      throw std::runtime_error(at + ".remote_group is not the pid's group");
+    }
+  }
+}
+
+}  // namespace
+
+StatusOr<Journal> ReadJournal(const std::string& dir) {
+  const std::string path = JournalPath(dir);
+  ASSIGN_OR_RETURN(std::string text, ReadTrustedText(dir, path));
   Journal j;
   try {
     json doc = json::parse(text);
@@ -151,9 +200,7 @@ StatusOr<Journal> ReadJournal(const std::string& dir) {
     Get(doc, "format", &format, "journal");
     if (format != kFormat) {
       throw std::runtime_error("journal.format is " + std::to_string(format) +
-                               ", this driver "
-                               "reads " +
-                               std::to_string(kFormat));
+                               ", this driver reads " + std::to_string(kFormat));
     }
     Get(doc, "argv", &j.argv, "journal");
     Get(doc, "bind", &j.bind, "journal");
@@ -163,19 +210,7 @@ StatusOr<Journal> ReadJournal(const std::string& dir) {
     Get(doc, "token", &j.token, "journal");
     Get(doc, "restarts", &j.restarts, "journal");
     Get(doc, "written_at", &j.written_at, "journal");
-    json core;
-    Get(doc, "core", &core, "journal");
-    Get(core, "formed_round", &j.core.formed_round, "journal.core");
-    Get(core, "newest_committed", &j.core.newest_committed, "journal.core");
-    Get(core, "worker_ids", &j.core.worker_ids, "journal.core");
-    Get(core, "known_slots", &j.core.known_slots, "journal.core");
-    Get(core, "removed", &j.core.removed, "journal.core");
-    json members;
-    Get(core, "formed_members", &members, "journal.core");
-    if (!members.is_object()) throw std::runtime_error("journal.core.formed_members is no map");
-    for (const auto& [slot, a] : members.items()) {
-      j.core.formed_members[slot] = GetAssignment(a, "journal.core.formed_members." + slot);
-    }
+    ParseCore(doc, &j.core);
     json policy;
     Get(doc, "policy", &policy, "journal");
     j.policy = policy.dump();
@@ -183,27 +218,7 @@ StatusOr<Journal> ReadJournal(const std::string& dir) {
     Get(doc, "workers", &workers, "journal");
     if (!workers.is_object()) throw std::runtime_error("journal.workers is no map");
     for (const auto& [slot, w] : workers.items()) {
-      std::string at = "journal.workers." + slot;
-      JournalWorker& out = j.workers[slot];
-      Get(w, "pid", &out.pid, at);
-      if (out.pid <= 1) throw std::runtime_error(at + ".pid is out of range");
-      Get(w, "start_ticks", &out.start_ticks, at);
-      Get(w, "local", &out.local, at);
-      Get(w, "host", &out.host, at);
-      Get(w, "stdout_file", &out.stdout_file, at);
-      Get(w, "stderr_file", &out.stderr_file, at);
-      Get(w, "stdout_offset", &out.stdout_offset, at);
-      Get(w, "stderr_offset", &out.stderr_offset, at);
-      Get(w, "remote_dir", &out.remote_dir, at);
-      Get(w, "remote_group", &out.remote_group, at);
-      if (!out.remote_dir.empty()) {
-        if (out.local || out.remote_dir[0] != '/' || out.remote_dir.size() > 1000) {
-          throw std::runtime_error(at + ".remote_dir is out of range");
-        }
-        if (out.remote_group != out.pid && out.remote_group != -int64_t{out.pid}) {
-          throw std::runtime_error(at + ".remote_group is not the pid's group");
-        }
-      }
+      ParseWorker(w, "journal.workers." + slot, &j.workers[slot]);
     }
   } catch (const std::exception& e) {
     return InvalidArgument(path + ": " + e.what());

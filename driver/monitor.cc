@@ -344,7 +344,11 @@ std::string Int(const json& v) { return v.is_null() ? "-" : std::to_string(v.get
 
 }  // namespace
 
-int RunStatusCommand(const std::string& job_file, bool as_json) {
+namespace {
+
+// The job file to ask: `job_file`, else the only running job's. 0, or the exit status when
+// there is none or more than one (said on stderr).
+int FindJobFile(const std::string& job_file, std::string* out) {
   std::string path = job_file;
   if (path.empty()) {
     std::string dir = DefaultJobDir();
@@ -362,6 +366,12 @@ int RunStatusCommand(const std::string& job_file, bool as_json) {
     }
     path = live[0];
   }
+  *out = path;
+  return 0;
+}
+
+// The job file at `path`, read bounded and parsed.
+StatusOr<JobFile> ReadJobFileAt(const std::string& path) {
   std::ifstream f(path);
   const bool opened = f.is_open();
   std::string text;
@@ -372,38 +382,12 @@ int RunStatusCommand(const std::string& job_file, bool as_json) {
     f.read(text.data(), static_cast<std::streamsize>(text.size()));
     text.resize(static_cast<size_t>(f.gcount()));
   }
-  auto job = opened && !f.bad() ? ParseJobFile(text)
-                                : StatusOr<JobFile>(InvalidArgument("cannot read it"));
-  if (!job.ok()) {
-    std::fprintf(stderr, "elastic-run status: %s is not a job file (%s)\n", path.c_str(),
-                 job.status().message().c_str());
-    return 2;
-  }
-  rendezvous::ClientOptions co;
-  co.address = job->address;
-  co.token = job->token;
-  rendezvous::Client client(co);
-  auto got = client.JobStatus(std::chrono::seconds(5));
-  if (!got.ok()) {
-    std::fprintf(stderr, "elastic-run status: the driver at %s does not answer: %s\n",
-                 co.address.c_str(), got.status().message().c_str());
-    return 1;
-  }
-  if (as_json) {
-    std::printf("%s\n", got->c_str());
-    return 0;
-  }
-  json s = json::parse(*got, nullptr, false);
-  if (s.is_discarded()) {
-    std::fprintf(stderr, "elastic-run status: the driver sent a document that is not JSON\n");
-    return 1;
-  }
-  std::printf("job: %s, round %s, %zu worker(s) (--min-np %d, --max-np %s), %d reset(s), %d "
-              "failure(s)\n",
-              s["phase"].get<std::string>().c_str(), Int(s["round"]).c_str(),
-              s["members"].size(), s["min_np"].get<int>(),
-              s["max_np"].is_null() ? "none" : Int(s["max_np"]).c_str(), s["resets"].get<int>(),
-              s["failures"].get<int>());
+  return opened && !f.bad() ? ParseJobFile(text)
+                            : StatusOr<JobFile>(InvalidArgument("cannot read it"));
+}
+
+// The members' table, stragglers marked.
+void PrintMembers(const json& s) {
   std::printf("\n%4s  %-24s %-16s %8s %8s %6s %10s %12s %8s %13s\n", "RANK", "SLOT", "HOST",
               "PID", "STEP", "EPOCH", "CURSOR", "LAST COMMIT", "STEPS/S", "COMPUTE/STEP");
   std::vector<std::string> stragglers;
@@ -433,6 +417,10 @@ int RunStatusCommand(const std::string& job_file, bool as_json) {
                 "\"Stragglers\")\n",
                 names.c_str());
   }
+}
+
+// Spares, newcomers, the newest checkpoint and the blacklist.
+void PrintSparesCheckpointsBlacklist(const json& s) {
   for (const auto& [key, title] :
        {std::pair<const char*, const char*>{"spares", "warm spares (waiting for a place)"},
         {"newcomers", "new workers starting (the job re-forms with each once it is ready)"}}) {
@@ -469,6 +457,9 @@ int RunStatusCommand(const std::string& job_file, bool as_json) {
                       : ("back in " + Fixed(b["seconds_left"], 1) + " s").c_str());
     }
   }
+}
+
+void PrintRecoveries(const json& s) {
   if (!s["recoveries"].empty()) {
     std::printf("\nrecent recoveries (seconds from the failure):\n");
     for (const auto& r : s["recoveries"]) {
@@ -481,6 +472,47 @@ int RunStatusCommand(const std::string& job_file, bool as_json) {
                   r["done"].get<bool>() ? "" : " (in progress)");
     }
   }
+}
+
+}  // namespace
+
+int RunStatusCommand(const std::string& job_file, bool as_json) {
+  std::string path;
+  if (int code = FindJobFile(job_file, &path); code != 0) return code;
+  auto job = ReadJobFileAt(path);
+  if (!job.ok()) {
+    std::fprintf(stderr, "elastic-run status: %s is not a job file (%s)\n", path.c_str(),
+                 job.status().message().c_str());
+    return 2;
+  }
+  rendezvous::ClientOptions co;
+  co.address = job->address;
+  co.token = job->token;
+  rendezvous::Client client(co);
+  auto got = client.JobStatus(std::chrono::seconds(5));
+  if (!got.ok()) {
+    std::fprintf(stderr, "elastic-run status: the driver at %s does not answer: %s\n",
+                 co.address.c_str(), got.status().message().c_str());
+    return 1;
+  }
+  if (as_json) {
+    std::printf("%s\n", got->c_str());
+    return 0;
+  }
+  json s = json::parse(*got, nullptr, false);
+  if (s.is_discarded()) {
+    std::fprintf(stderr, "elastic-run status: the driver sent a document that is not JSON\n");
+    return 1;
+  }
+  std::printf(
+      "job: %s, round %s, %zu worker(s) (--min-np %d, --max-np %s), %d reset(s), %d "
+      "failure(s)\n",
+      s["phase"].get<std::string>().c_str(), Int(s["round"]).c_str(), s["members"].size(),
+      s["min_np"].get<int>(), s["max_np"].is_null() ? "none" : Int(s["max_np"]).c_str(),
+      s["resets"].get<int>(), s["failures"].get<int>());
+  PrintMembers(s);
+  PrintSparesCheckpointsBlacklist(s);
+  PrintRecoveries(s);
   return 0;
 }
 

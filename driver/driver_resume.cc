@@ -1,0 +1,285 @@
+// The driver's journal (--state-dir): taking the folder, writing what the driver decided, and
+// a restarted driver's adoption of the workers that still run (docs/recovery.md, "A driver that
+// comes back").
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <sys/inotify.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "common/mutex.h"
+#include "driver/driver_internal.h"
+#include "driver/launch.h"
+
+namespace elastic::driver::internal {
+
+Status Driver::OpenStateDir() {
+  auto lock = LockStateDir(opts_.state_dir);
+  if (!lock.ok()) return lock.status().WithContext("--state-dir");
+  state_lock_fd_ = *lock;
+  auto journal = ReadJournal(opts_.state_dir);
+  if (!journal.ok() && journal.status().code() == Code::kNotFound) return Status::Ok();
+  if (!journal.ok()) {
+    if (!opts_.fresh) {
+      return journal.status().WithContext(
+          "--state-dir: the journal cannot be read; pass --fresh to start the job afresh "
+          "(its workers, if any still run, then exit by --driver-timeout)");
+    }
+    spdlog::warn("--fresh: not reading the damaged journal ({})", journal.status().message());
+    RemoveJournal(opts_.state_dir);
+    return Status::Ok();
+  }
+  std::vector<std::string> running;
+  for (const auto& [slot, w] : journal->workers) {
+    if (StillRunning(w)) running.push_back(slot);
+  }
+  if (opts_.fresh) {
+    for (const auto& slot : running) {
+      const JournalWorker& w = journal->workers.at(slot);
+      // A remote worker's pid is of its host: it exits when its Watch is refused (another
+      // token) or past --driver-timeout.
+      if (w.local) kill(-w.pid, SIGKILL);
+    }
+    spdlog::warn("--fresh: not resuming the job in {}{}; starting afresh", opts_.state_dir,
+                 running.empty() ? ""
+                                 : fmt::format(" (its {} worker(s) still running were killed: "
+                                               "{})",
+                                               running.size(), fmt::join(running, " ")));
+    RemoveJournal(opts_.state_dir);
+    return Status::Ok();
+  }
+  if (journal->argv != opts_.argv) {
+    return InvalidArgument(fmt::format(
+        "--state-dir {} holds the journal of another command line (`{}`); run that one to "
+        "resume its job, pass --fresh to start this one there, or use another folder",
+        opts_.state_dir, fmt::join(journal->argv, " ")));
+  }
+  double ago =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() -
+      journal->written_at;
+  if (running.empty()) {
+    spdlog::warn(
+        "the journal in {} is of a job whose workers are all gone (its driver died {:.0f} s "
+        "ago; workers wait --driver-timeout for it); starting the job afresh from round 0{}",
+        opts_.state_dir, ago,
+        opts_.checkpoint_dir.empty() ? ""
+                                     : ", from the newest checkpoint in " + opts_.checkpoint_dir);
+    log_.Write("driver_resumed", {{"resumed", false},
+                                  {"outage_seconds", ago},
+                                  {"reason", "every worker of the journal is gone"}});
+    RemoveJournal(opts_.state_dir);
+    return Status::Ok();
+  }
+  // The policy's state is checked here, before anything of the job is touched: one that does
+  // not load is a damaged journal (exit 2), and its workers ride on.
+  auto state = LoadPolicyState(journal->policy, SteadyClock::now());
+  if (!state.ok()) {
+    return state.status().WithContext(
+        "--state-dir: the journal cannot be read; pass --fresh to start the job afresh (its "
+        "workers, if any still run, then exit by --driver-timeout): " +
+        JournalPath(opts_.state_dir));
+  }
+  outage_seconds_ = std::max(0.0, ago);
+  resume_ = std::move(journal).value();
+  return Status::Ok();
+}
+
+void Driver::Adopt() {
+  restarts_ = resume_->restarts + 1;
+  auto state = LoadPolicyState(resume_->policy, SteadyClock::now());
+  auto restored = state.ok()
+                      ? Policy::Restore(PolicyOptions{opts_, RealClock(),
+                                                      static_cast<uint64_t>(getpid()), IsLocalHost},
+                                        std::move(state).value())
+                      : StatusOr<std::unique_ptr<Policy>>(state.status());
+  if (!restored.ok()) {
+    policy_->Terminate(1, "the journal's policy state: " + restored.status().message());
+    return;
+  }
+  policy_ = std::move(restored).value();
+  for (const auto& [slot, jw] : resume_->workers) {
+    if (!jw.local && !jw.remote_dir.empty()) {
+      Worker& w = workers_[slot];
+      w.slot = slot;
+      w.host = jw.host;
+      w.local = false;
+      if (!AttachRemote(w, jw)) {
+        workers_.erase(slot);
+        lost_at_resume_.push_back(slot);
+        continue;
+      }
+      adopted_.push_back(slot);
+      reattach_pending_.insert(slot);
+      continue;
+    }
+    if (!StillRunning(jw)) {
+      lost_at_resume_.push_back(slot);
+      continue;
+    }
+    auto proc =
+        Process::Adopt(jw.pid, jw.stdout_file, jw.stderr_file, jw.stdout_offset, jw.stderr_offset);
+    if (!proc.ok()) {
+      lost_at_resume_.push_back(slot);
+      continue;
+    }
+    Worker& w = workers_[slot];
+    w.slot = slot;
+    w.host = jw.host;
+    w.local = jw.local;
+    w.start_ticks = jw.start_ticks;
+    w.proc = std::move(proc).value();
+    if (w.proc->output_in_files() && inotify_fd_ >= 0) {
+      for (const std::string& path : {jw.stdout_file, jw.stderr_file}) {
+        inotify_add_watch(inotify_fd_, path.c_str(), IN_MODIFY);
+      }
+    }
+    adopted_.push_back(slot);
+    reattach_pending_.insert(slot);
+  }
+  resumed_at_ = SteadyClock::now();
+  monitor_.SetDriverRestarts(restarts_);
+  spdlog::warn(
+      "resuming the job in {} (its driver died {:.1f} s ago; this is restart {}): adopted {} "
+      "running worker(s) [{}]{}; round {} goes on once they re-attach",
+      opts_.state_dir, outage_seconds_, restarts_, adopted_.size(), fmt::join(adopted_, " "),
+      lost_at_resume_.empty()
+          ? ""
+          : fmt::format(", {} ended while no driver ran [{}]", lost_at_resume_.size(),
+                        fmt::join(lost_at_resume_, " ")),
+      resume_->core.formed_round);
+  policy_->OnResumed(adopted_);
+  CheckReattached(false);
+}
+
+void Driver::CheckReattached(bool time_up) {
+  if (!resume_ || resumed_at_ == TimePoint{}) return;
+  if (!reattach_pending_.empty() && !time_up) return;
+  std::vector<std::string> back;
+  auto in = [](const std::vector<std::string>& v, const std::string& s) {
+    return std::find(v.begin(), v.end(), s) != v.end();
+  };
+  for (const auto& slot : adopted_) {
+    if (!reattach_pending_.count(slot) && !in(lost_at_resume_, slot) &&
+        !in(left_at_resume_, slot)) {
+      back.push_back(slot);
+    }
+  }
+  std::vector<std::string> lost = lost_at_resume_;
+  lost.insert(lost.end(), reattach_pending_.begin(), reattach_pending_.end());
+  double took = std::chrono::duration<double>(SteadyClock::now() - resumed_at_).count();
+  spdlog::info("{} worker(s) re-attached in {:.2f} s{}{}", back.size(), took,
+               lost.empty() ? "" : fmt::format("; lost: [{}]", fmt::join(lost, " ")),
+               left_at_resume_.empty() ? ""
+                                       : fmt::format("; sent away before they re-attached: [{}]",
+                                                     fmt::join(left_at_resume_, " ")));
+  JsonFields fields = {{"resumed", true},
+                       {"outage_seconds", outage_seconds_},
+                       {"reattached", back},
+                       {"lost", lost},
+                       {"left", left_at_resume_},
+                       {"reattach_seconds", took},
+                       {"round", resume_->core.formed_round},
+                       {"restarts", restarts_}};
+  log_.Write("driver_resumed", fields);
+  monitor_.OnEvent("driver_resumed", fields);
+  resumed_at_ = TimePoint{};
+  reattach_pending_.clear();
+}
+
+void Driver::MaybeWriteJournal() {
+  if (opts_.state_dir.empty() || state_lock_fd_ < 0) return;
+  TimePoint now = SteadyClock::now();
+  if (!journal_due_ && !(journal_touched_ && now - journal_written_ >= std::chrono::seconds(1))) {
+    return;
+  }
+  journal_due_ = journal_touched_ = false;
+  journal_written_ = now;
+  Journal j;
+  j.argv = opts_.argv;
+  j.bind = bind_;
+  j.driver_addr = driver_addr_;
+  j.port = server_ ? server_->port() : 0;
+  j.token = token_;
+  j.restarts = restarts_;
+  j.written_at =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  j.core = core_->Snapshot();
+  j.policy = SavePolicyState(policy_->state(), now);
+  for (auto& [slot, w] : workers_) {
+    if (!w.proc || w.proc->reaped()) continue;
+    if (w.start_ticks == 0) w.start_ticks = ProcessStartTicks(w.proc->pid());
+    JournalWorker jw;
+    jw.pid = w.proc->pid();
+    jw.start_ticks = w.start_ticks;
+    jw.local = w.local;
+    jw.host = w.host;
+    if (!w.local && !w.remote.dir.empty()) {
+      // The worker on its host, not the launcher here: the driver that adopts the job
+      // attaches to it there (driver/launch.h).
+      jw.pid = w.remote.pid;
+      jw.start_ticks = 0;
+      jw.remote_group = w.remote.group;
+      jw.remote_dir = w.remote.dir;
+      const std::string& name = slot;
+      jw.stdout_offset = w.relayed[1] - static_cast<int64_t>(out_.Pending(name, 1));
+      jw.stderr_offset = w.relayed[2] - static_cast<int64_t>(out_.Pending(name, 2));
+    } else if (w.proc->output_in_files()) {
+      jw.stdout_file = out_.WorkerFile(slot, 1);
+      jw.stderr_file = out_.WorkerFile(slot, 2);
+      // What was shown: a line read without its end yet is read again by the next driver.
+      const std::string& name = slot;  // a structured binding cannot be captured (C++17)
+      auto shown = [&](int64_t read, int stream) {
+        return read < 0 ? read : read - static_cast<int64_t>(out_.Pending(name, stream));
+      };
+      jw.stdout_offset = shown(w.proc->stdout_offset(), 1);
+      jw.stderr_offset = shown(w.proc->stderr_offset(), 2);
+    }
+    j.workers[slot] = jw;
+  }
+  Status wrote = WriteJournal(opts_.state_dir, j);
+  if (!wrote.ok() && wrote.message() != journal_error_) {
+    spdlog::warn("{}; a driver started again on --state-dir would resume an older decision",
+                 wrote.message());
+  }
+  journal_error_ = wrote.ok() ? "" : wrote.message();
+}
+
+bool Driver::AttachRemote(Worker& w, const JournalWorker& jw) {
+  auto id = resume_->core.worker_ids.find(w.slot);
+  w.remote.pid = jw.pid;
+  w.remote.group = static_cast<pid_t>(jw.remote_group);
+  w.remote.dir = jw.remote_dir;
+  w.remote.worker_id = id == resume_->core.worker_ids.end() ? "" : id->second;
+  w.worker_id = w.remote.worker_id;
+  w.header_done = true;
+  w.relayed[1] = std::max<int64_t>(jw.stdout_offset, 0);
+  w.relayed[2] = std::max<int64_t>(jw.stderr_offset, 0);
+  int grace = static_cast<int>(
+      std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::seconds>(opts_.grace).count()));
+  LaunchSpec spec;
+  spec.stdin_data = "attach\n";  // its first line; the stdin then stays open, as a launch's
+  spec.keep_stdin_open = true;
+  spec.argv = LauncherArgv(w.host, AttachScript(w.remote, w.relayed[1], w.relayed[2], grace));
+  auto proc = Process::Start(spec);
+  if (!proc.ok()) {
+    spdlog::warn("cannot attach to the worker of slot {} on {} (pid {}): {}", w.slot, w.host,
+                 jw.pid, proc.status().message());
+    return false;
+  }
+  w.proc = std::move(proc).value();
+  w.attached = true;
+  return true;
+}
+
+}  // namespace elastic::driver::internal
