@@ -153,7 +153,7 @@ struct GlooCommunicator::Executor {
 
 GlooCommunicator::GlooCommunicator(std::shared_ptr<AbortableContext> ctx, Topology topo,
                                    GlooOptions options)
-    : ctx_(std::move(ctx)), topo_(topo), options_(std::move(options)) {}
+    : CommunicatorBase(topo), ctx_(std::move(ctx)), options_(std::move(options)) {}
 
 GlooCommunicator::~GlooCommunicator() {
   bool abandoned = false;
@@ -464,19 +464,18 @@ class GlooCommunicator::Running {
  public:
   explicit Running(GlooCommunicator* c)
       : c_(c), start_(SteadyClock::now().time_since_epoch().count()) {
-    c_->started_.fetch_add(1);
-    c_->last_start_.store(start_);
+    c_->NoteStarted(start_);
     // Collectives from two threads at once (a background allreduce beside the training
     // thread's barrier) overlap: a gap only counts when this one starts after the last end.
     Duration::rep end = c_->last_end_.load();
     if (end != 0 && start_ > end) c_->compute_.fetch_add(start_ - end);
-    c_->running_.store(true);
+    c_->NoteRunning(true);
   }
   ~Running() {
     Duration::rep now = SteadyClock::now().time_since_epoch().count();
     c_->wait_.fetch_add(now - start_);
     c_->last_end_.store(now);
-    c_->running_.store(false);
+    c_->NoteRunning(false);
   }
 
  private:

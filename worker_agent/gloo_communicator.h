@@ -13,6 +13,7 @@
 
 #include "common/common.h"
 #include "common/mutex.h"
+#include "worker_agent/communicator_base.h"
 #include "worker_agent/gloo_pairs.h"
 #include "worker_agent/store.h"
 #include "worker_agent/topology.h"
@@ -58,7 +59,7 @@ struct GlooOptions {
 // per rank, not size - 1. Sorted, without `rank`.
 std::vector<int> GlooPeers(int rank, int size);
 
-class GlooCommunicator : public Communicator {
+class GlooCommunicator : public CommunicatorBase {
  public:
   // A communicator for `topo`, not connected yet (INVALID_ARGUMENT for a bad topology, or
   // UNAVAILABLE when the interface or address cannot be bound). Abort() works on it at once.
@@ -84,13 +85,6 @@ class GlooCommunicator : public Communicator {
                                                             const GlooOptions& options);
   ~GlooCommunicator() override;
 
-  int rank() const override { return topo_.rank; }
-  int size() const override { return topo_.size; }
-  int local_rank() const override { return topo_.local_rank; }
-  int local_size() const override { return topo_.local_size; }
-  int cross_rank() const override { return topo_.cross_rank; }
-  int cross_size() const override { return topo_.cross_size; }
-
   void Allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
   void AllreduceMany(const std::vector<TensorView>& tensors, ReduceOp op) override;
   void Broadcast(void* data, size_t bytes, int root) override;
@@ -111,14 +105,6 @@ class GlooCommunicator : public Communicator {
   // rounds means the later one reused the segment (GlooOptions::shm_keeper).
   uint64_t shm_token() const;
 
-  // For the driver's hang detection (thread-safe): collectives started on this communicator,
-  // and whether one is running now.
-  uint64_t collectives_started() const { return started_.load(); }
-  bool in_collective() const { return running_.load(); }
-  // When the last collective started (steady clock; the epoch when none has).
-  TimePoint last_collective_start() const {
-    return TimePoint(Duration(last_start_.load()));
-  }
   // For the driver's straggler detection (thread-safe; docs/recovery.md, "Stragglers"): the
   // time this rank spent between collectives (its own work: compute) and in them (the
   // collective itself, and waiting there for its peers), over this communicator's life,
@@ -187,7 +173,6 @@ class GlooCommunicator : public Communicator {
   class Running;
 
   std::shared_ptr<AbortableContext> ctx_;
-  Topology topo_;
   GlooOptions options_;
   std::vector<char> fusion_;  // the fusion buffer, grown on first use up to fusion_bytes
   std::atomic<bool> aborted_{false};
@@ -197,9 +182,6 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<void> pairs_ ELASTIC_GUARDED_BY(abort_mu_);
   std::vector<int> peers_;          // the ranks this rank has a pair with, once connected
   std::shared_ptr<Executor> exec_;  // started on the first collective
-  std::atomic<uint64_t> started_{0};
-  std::atomic<bool> running_{false};
-  std::atomic<Duration::rep> last_start_{0};
   std::atomic<Duration::rep> last_end_{0};  // when the last collective ended (0: none has)
   std::atomic<Duration::rep> compute_{0}, wait_{0};
   static double Seconds(Duration::rep d) {

@@ -47,7 +47,7 @@ const char* NcclCommunicator::PhaseName(Phase p) {
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclApi> api, Topology topo, int device,
                                    NcclOptions options)
-    : api_(std::move(api)), topo_(topo), device_(device), options_(options) {
+    : CommunicatorBase(topo), api_(std::move(api)), device_(device), options_(options) {
   nccl_rank_of_.resize(topo_.size);
   for (int r = 0; r < topo_.size; ++r) nccl_rank_of_[r] = r;
 }
@@ -245,14 +245,13 @@ void NcclCommunicator::Abort() {
 }
 
 void NcclCommunicator::Fail(const std::string& what) {
-  running_.store(false);
+  NoteRunning(false);
   throw WorkerLostError(what);
 }
 
 void NcclCommunicator::Run(const char* what, const std::function<int(NcclApi::Comm)>& enqueue) {
-  started_.fetch_add(1);
-  last_start_.store(SteadyClock::now().time_since_epoch().count());
-  running_.store(true);
+  NoteStarted(SteadyClock::now().time_since_epoch().count());
+  NoteRunning(true);
   int r;
   {
     MutexLock g(mu_);
@@ -281,7 +280,7 @@ void NcclCommunicator::Run(const char* what, const std::function<int(NcclApi::Co
 }
 
 void NcclCommunicator::WaitStream(const char* what) {
-  running_.store(true);
+  NoteRunning(true);
   Status rec = api_->EventRecord(event_, stream_);
   if (!rec.ok()) Fail(std::string("NCCL ") + what + ": " + rec.message());
   const TimePoint deadline = SteadyClock::now() + options_.collective_timeout;
@@ -310,7 +309,7 @@ void NcclCommunicator::WaitStream(const char* what) {
     }
     Pause(i);
   }
-  running_.store(false);
+  NoteRunning(false);
 }
 
 void* NcclCommunicator::Grow(void** buf, size_t* size, size_t bytes, const char* what) {

@@ -24,6 +24,7 @@
 
 #include "common/common.h"
 #include "common/mutex.h"
+#include "worker_agent/communicator_base.h"
 #include "worker_agent/nccl_api.h"
 #include "worker_agent/store.h"
 #include "worker_agent/topology.h"
@@ -36,7 +37,7 @@ struct NcclOptions {
   size_t fusion_bytes = 64u << 20;  // the device fusion buffer of AllreduceMany
 };
 
-class NcclCommunicator : public Communicator {
+class NcclCommunicator : public CommunicatorBase {
  public:
   enum class Phase { kCreated, kInitializing, kReady, kRevoked, kAborted, kFailed };
   static const char* PhaseName(Phase p);
@@ -70,13 +71,6 @@ class NcclCommunicator : public Communicator {
   int nccl_rank() const { return nccl_rank_of_[topo_.rank]; }
   Phase phase() const;
 
-  int rank() const override { return topo_.rank; }
-  int size() const override { return topo_.size; }
-  int local_rank() const override { return topo_.local_rank; }
-  int local_size() const override { return topo_.local_size; }
-  int cross_rank() const override { return topo_.cross_rank; }
-  int cross_size() const override { return topo_.cross_size; }
-
   // Device buffers. Allgather's source may be device or host memory; its result is on the host.
   void Allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
   void AllreduceMany(const std::vector<TensorView>& tensors, ReduceOp op) override;
@@ -84,11 +78,6 @@ class NcclCommunicator : public Communicator {
   std::vector<std::vector<char>> Allgather(const void* data, size_t bytes) override;
   void Barrier() override;
   void Abort() override;
-
-  // For the driver's hang detection, as GlooCommunicator's.
-  uint64_t collectives_started() const { return started_.load(); }
-  bool in_collective() const { return running_.load(); }
-  TimePoint last_collective_start() const { return TimePoint(Duration(last_start_.load())); }
 
  private:
   NcclCommunicator(std::shared_ptr<NcclApi> api, Topology topo, int device, NcclOptions options);
@@ -114,7 +103,6 @@ class NcclCommunicator : public Communicator {
   std::string Describe(int result) ELASTIC_REQUIRES(mu_);
 
   std::shared_ptr<NcclApi> api_;
-  Topology topo_;
   int device_;
   NcclOptions options_;
   std::vector<int> nccl_rank_of_;  // this round's rank -> NCCL rank
@@ -128,9 +116,6 @@ class NcclCommunicator : public Communicator {
   NcclApi::Comm comm_ ELASTIC_GUARDED_BY(mu_) = nullptr;
   Phase phase_ ELASTIC_GUARDED_BY(mu_) = Phase::kCreated;
   std::atomic<bool> aborted_{false};
-  std::atomic<uint64_t> started_{0};
-  std::atomic<bool> running_{false};
-  std::atomic<Duration::rep> last_start_{0};
 };
 
 // Which CUDA device the worker with `local_rank` uses: local_rank itself, among the devices
