@@ -24,12 +24,14 @@ struct Hook {
 
 std::atomic<int64_t> g_round{-1};
 Mutex g_mu;
-std::vector<Hook>* g_hooks ELASTIC_GUARDED_BY(g_mu) = new std::vector<Hook>();  // never freed
-std::string* g_slot ELASTIC_GUARDED_BY(g_mu) = new std::string();
+std::vector<Hook>* const g_hooks ELASTIC_PT_GUARDED_BY(g_mu) =
+    new std::vector<Hook>();  // never freed
+std::string* const g_slot ELASTIC_PT_GUARDED_BY(g_mu) = new std::string();
 
 bool KnownAction(const std::string& a) {
   if (a == "kill" || a == "lost" || a == "stop") return true;
-  if (a.compare(0, 5, "sleep") != 0 || a.size() == 5) return false;
+  // sleepMS: 1 to 9 digits (the sleep is capped at 60 s when it fires).
+  if (a.compare(0, 5, "sleep") != 0 || a.size() == 5 || a.size() > 5 + 9) return false;
   return std::all_of(a.begin() + 5, a.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 

@@ -31,7 +31,8 @@ TEST_CASE("a test hook fires once, where point, slot, round and version match", 
 TEST_CASE("a malformed test hook is an error naming it, and changes nothing", "[unit]") {
   REQUIRE(ConfigureTestHooks("after_save@*@*@*=lost", "localhost:0").ok());
   for (const char* bad : {"after_save@*@*=lost", "after_save@*@*@*", "after_save@*@*@*=explode",
-                          "after_save@*@*@*=sleep", "after_save@*@*@*=sleep5x"}) {
+                          "after_save@*@*@*=sleep", "after_save@*@*@*=sleep5x",
+                          "after_save@*@*@*=sleep99999999999"}) {
     INFO(bad);
     Status s = ConfigureTestHooks(std::string("connect@*@*@*=kill;") + bad, "localhost:0");
     CHECK(s.code() == Code::kInvalidArgument);
