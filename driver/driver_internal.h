@@ -1,5 +1,6 @@
-// The driver's internals, shared by driver.cc (start-up, launching, the event loop) and
-// policy.cc (membership decisions). Private to driver/.
+// The Driver's internals, shared by driver.cc (start-up, launching, carrying out the policy's
+// actions), driver_loop.cc (the event loop) and driver_resume.cc (the journal, adopting a job's
+// workers). Membership decisions are the Policy's (driver/policy.h). Private to driver/.
 #pragma once
 
 #include <poll.h>
