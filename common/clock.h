@@ -18,6 +18,11 @@ using TimePoint = SteadyClock::time_point;
 using Duration = SteadyClock::duration;
 using Millis = std::chrono::milliseconds;
 
+// `s` seconds (a count from outside: a flag, a variable) as a Duration.
+inline Duration FromSeconds(double s) {
+  return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s));
+}
+
 class Clock {
  public:
   virtual ~Clock() = default;

@@ -162,7 +162,7 @@ bool HostTable::RecordFailure(const std::string& host) {
   std::uniform_real_distribution<double> jitter(backoff,
                                                 std::max(backoff, std::min(cap, backoff * 1.5)));
   double secs = jitter(rng_);
-  last_cooldown_ = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(secs));
+  last_cooldown_ = FromSeconds(secs);
   e.until = options_.clock->Now() + last_cooldown_;
   e.end_told = false;
   return true;

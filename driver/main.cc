@@ -88,6 +88,7 @@ int StatusMain(int argc, char** argv) {
 
 namespace {
 
+using elastic::FromSeconds;
 using elastic::Status;
 using elastic::driver::DriverOptions;
 
@@ -107,10 +108,6 @@ struct CommandLine {
 };
 
 Status Refuse(const std::string& message) { return elastic::InvalidArgument(message); }
-
-elastic::Duration Secs(double v) {
-  return std::chrono::duration_cast<elastic::Duration>(std::chrono::duration<double>(v));
-}
 
 // How many workers, and on which hosts.
 void AddSizeAndHostOptions(CLI::App& app, CommandLine& c) {
@@ -408,8 +405,8 @@ Status ResolveTimes(const CLI::App& app, CommandLine& c) {
     if (c.cooldown[0] < 0 || c.cooldown[1] < c.cooldown[0]) {
       return Refuse("--blacklist-cooldown-range needs 0 <= MIN <= MAX");
     }
-    o.cooldown_min = Secs(c.cooldown[0]);
-    o.cooldown_max = Secs(c.cooldown[1]);
+    o.cooldown_min = FromSeconds(c.cooldown[0]);
+    o.cooldown_max = FromSeconds(c.cooldown[1]);
   }
   if (app.count("--driver-address")) {
     RETURN_IF_ERROR(elastic::driver::CheckDriverAddress(o.driver_address));
@@ -417,23 +414,23 @@ Status ResolveTimes(const CLI::App& app, CommandLine& c) {
   if (app.count("--launcher-template")) {
     RETURN_IF_ERROR(elastic::driver::CheckTemplate(o.launcher_template));
   }
-  o.discovery_interval = Secs(c.discovery_interval);
-  o.discovery_timeout = Secs(c.discovery_timeout);
-  o.elastic_timeout = Secs(c.elastic_timeout);
-  o.start_timeout = Secs(c.start_timeout);
-  o.rendezvous_timeout = Secs(c.rendezvous_timeout);
-  o.grace = Secs(c.grace);
+  o.discovery_interval = FromSeconds(c.discovery_interval);
+  o.discovery_timeout = FromSeconds(c.discovery_timeout);
+  o.elastic_timeout = FromSeconds(c.elastic_timeout);
+  o.start_timeout = FromSeconds(c.start_timeout);
+  o.rendezvous_timeout = FromSeconds(c.rendezvous_timeout);
+  o.grace = FromSeconds(c.grace);
   if (c.liveness_timeout < 1.5) return Refuse("--liveness-timeout must be at least 1.5 s");
   if (o.straggler_factor > 0 && o.straggler_factor <= 1) {
     return Refuse(
         "--straggler-factor must be above 1 (or 0: off); 1.5 names a member that "
         "computes half again as long as its peers");
   }
-  o.liveness_timeout = Secs(c.liveness_timeout);
-  o.hang_timeout = Secs(c.hang_timeout);
-  o.progress_interval = Secs(c.progress_interval);
-  o.driver_timeout = Secs(c.driver_timeout);
-  o.checkpoint_interval = Secs(c.checkpoint_interval);
+  o.liveness_timeout = FromSeconds(c.liveness_timeout);
+  o.hang_timeout = FromSeconds(c.hang_timeout);
+  o.progress_interval = FromSeconds(c.progress_interval);
+  o.driver_timeout = FromSeconds(c.driver_timeout);
+  o.checkpoint_interval = FromSeconds(c.checkpoint_interval);
   return Status::Ok();
 }
 

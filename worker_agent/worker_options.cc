@@ -1,9 +1,9 @@
 #include "worker_agent/worker_options.h"
 
-#include "common/process.h"
-
 #include <cstdlib>
 #include <string>
+
+#include "common/process.h"
 
 namespace elastic {
 
@@ -90,10 +90,6 @@ class Reader {
   }
 };
 
-Duration Seconds(double s) {
-  return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s));
-}
-
 }  // namespace
 
 StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
@@ -123,12 +119,12 @@ StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   }
   std::optional<double> n;
   RETURN_IF_ERROR(Reader::Number("ELASTIC_DRIVER_TIMEOUT", 0, 86400, &n));
-  if (n) o.driver_timeout = Seconds(*n);
+  if (n) o.driver_timeout = FromSeconds(*n);
   RETURN_IF_ERROR(Reader::Flag("ELASTIC_SPARE", &o.spare));
   o.checkpoint_dir = Reader::Text("ELASTIC_CHECKPOINT_DIR");
   n.reset();
   RETURN_IF_ERROR(Reader::Number("ELASTIC_CHECKPOINT_INTERVAL", 0, 1e7, &n));
-  if (n) o.checkpoint_interval = Seconds(*n);
+  if (n) o.checkpoint_interval = FromSeconds(*n);
   std::optional<long long> w;
   RETURN_IF_ERROR(Reader::Whole("ELASTIC_CHECKPOINT_KEEP", 1, 1000,
                                 "give a whole number from 1 to 1000", &w));

@@ -1,7 +1,7 @@
 // WorkerOptions: everything a worker reads from its environment, parsed once, here, and
 // handed to what needs it (the agent, the communicators, the checkpoint writer). elastic-run
 // sets most of these (docs/architecture.md, "Environment"); the tuning switches are in the
-// README's table of worker variables, which tests/python/test_cli.py checks against
+// README's table of worker variables, which tests/python/test_worker_env.py checks against
 // kWorkerVariables below. No other file of a worker reads an ELASTIC_* variable
 // (tests/python/test_worker_env.py checks that); the driver's are read in driver/main.cc.
 #pragma once
