@@ -112,15 +112,20 @@ void CloseDescriptorsFrom(int first) {
 }
 
 // Opens `path` for a program's output: fds[1] appends (created 0600), fds[0] reads from the
-// file's current end, so that the reader sees only what is written from now on.
+// file's current end, so that the reader sees only what is written from now on. On failure
+// nothing is left open and both are -1.
 Status OpenOutputFile(const std::string& path, int fds[2]) {
   fds[1] = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  if (fds[1] < 0) return InvalidArgument("cannot open " + path + ": " + strerror(errno));
+  if (fds[1] < 0) {
+    fds[0] = -1;
+    return InvalidArgument("cannot open " + path + ": " + strerror(errno));
+  }
   fds[0] = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fds[0] < 0 || lseek(fds[0], 0, SEEK_END) < 0) {
     std::string why = "cannot read " + path + ": " + strerror(errno);
     if (fds[0] >= 0) close(fds[0]);
     close(fds[1]);
+    fds[0] = fds[1] = -1;
     return InvalidArgument(why);
   }
   return Status::Ok();
@@ -194,6 +199,122 @@ StatusOr<int> RaiseOwnPriority(int boost) {
   return want;
 }
 
+namespace {
+
+// A child's standard streams: [0] is this side's end, [1] the child's (for `in`, the other way
+// round: the child reads [0]). -1: none.
+struct ChildPipes {
+  int out[2] = {-1, -1};
+  int err[2] = {-1, -1};
+  int in[2] = {-1, -1};
+  void CloseAll() {
+    for (int fd : {out[0], out[1], err[0], err[1], in[0], in[1]}) {
+      if (fd >= 0) close(fd);
+    }
+  }
+};
+
+// The child's output through pipes, or into spec's files (read back from their current end);
+// a pipe for its stdin when spec gives it data. Nothing is left open on failure.
+Status OpenChildPipes(const LaunchSpec& spec, ChildPipes* p) {
+  auto failed = [p](Status s) {
+    p->CloseAll();
+    *p = ChildPipes();
+    return s;
+  };
+  auto pipe_error = [] { return Internal(std::string("pipe: ") + strerror(errno)); };
+  if (!spec.stdout_file.empty()) {
+    RETURN_IF_ERROR(OpenOutputFile(spec.stdout_file, p->out));
+    if (Status s = OpenOutputFile(spec.stderr_file, p->err); !s.ok()) return failed(s);
+  } else {
+    if (pipe2(p->out, O_CLOEXEC) != 0) return failed(pipe_error());
+    if (pipe2(p->err, O_CLOEXEC) != 0) return failed(pipe_error());
+  }
+  if (!spec.stdin_data.empty() && pipe2(p->in, O_CLOEXEC) != 0) return failed(pipe_error());
+  return Status::Ok();
+}
+
+// This process's environment with `overrides` on top, as "KEY=value" strings.
+std::vector<std::string> MergedEnvironment(const std::map<std::string, std::string>& overrides) {
+  std::map<std::string, std::string> merged;
+  for (char** e = environ; *e; ++e) {
+    std::string kv(*e);
+    size_t eq = kv.find('=');
+    if (eq != std::string::npos) merged[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& [k, v] : overrides) merged[k] = v;
+  std::vector<std::string> out;
+  for (const auto& [k, v] : merged) out.push_back(k + "=" + v);
+  return out;
+}
+
+// In a forked child (async-signal-safe calls only): becomes the reaper of LaunchSpec's
+// reap_orphans and returns in the program's process, below it. The reaper leads the group the
+// driver signals; the program runs in a group of its own below it, so SIGKILL never takes the
+// reaper before it has cleaned up. SIGTERM to the reaper kills the program's group.
+void BecomeReaper() {
+  // The reaper never execs, so O_CLOEXEC never closes what it inherited: every other
+  // descriptor of this process, workers' kept stdin pipes among them, would stay open
+  // for its life (a remote worker would see its launcher's stdin close only after it).
+  CloseDescriptorsFrom(3);
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = OnReaperTerm;
+  sigaction(SIGTERM, &sa, nullptr);
+  pid_t reaper = getpid();
+  pid_t inner = fork();
+  if (inner < 0) _exit(127);
+  if (inner > 0) {
+    setpgid(inner, inner);
+    g_reaped_program = inner;
+    int status = 0;
+    while (waitpid(inner, &status, 0) < 0 && errno == EINTR) {
+    }
+    kill(-inner, SIGKILL);
+    KillAdopted();
+    if (WIFEXITED(status)) _exit(WEXITSTATUS(status));
+    int sig = WIFSIGNALED(status) ? WTERMSIG(status) : SIGKILL;
+    signal(sig, SIG_DFL);
+    kill(getpid(), sig);
+    _exit(128 + sig);
+  }
+  setpgid(0, 0);
+  signal(SIGTERM, SIG_DFL);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != reaper) _exit(137);
+}
+
+// The forked child (async-signal-safe calls only): its group, priority, signals and streams,
+// then the program.
+[[noreturn]] void ExecChild(const LaunchSpec& spec, const ChildPipes& p, pid_t parent,
+                            const std::string& program, char** argv, char** envp) {
+  setpgid(0, 0);
+  if (g_child_nice != kNoNice) setpriority(PRIO_PROCESS, 0, g_child_nice);
+  if (spec.die_with_parent) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(137);
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  signal(SIGPIPE, SIG_DFL);
+  dup2(p.out[1], 1);
+  dup2(p.err[1], 2);
+  if (p.in[0] >= 0) {
+    dup2(p.in[0], 0);
+  } else {
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, 0);
+  }
+  if (spec.reap_orphans) BecomeReaper();
+  execve(program.c_str(), argv, envp);
+  dprintf(2, "cannot execute %s: %s\n", program.c_str(), strerror(errno));
+  _exit(127);
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
   if (spec.argv.empty()) return InvalidArgument("no command to run");
   ASSIGN_OR_RETURN(std::string program, FindProgram(spec.argv[0]));
@@ -202,43 +323,10 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
   if (spec.stdout_file.empty() != spec.stderr_file.empty()) {
     return InvalidArgument("stdout_file and stderr_file go together");
   }
-  int out_pipe[2], err_pipe[2];
-  const bool files = !spec.stdout_file.empty();
-  if (files) {
-    // [0]: this side's reader, from the file's current end; [1]: the program's writer.
-    Status opened = OpenOutputFile(spec.stdout_file, out_pipe);
-    if (!opened.ok()) return opened;
-    opened = OpenOutputFile(spec.stderr_file, err_pipe);
-    if (!opened.ok()) {
-      close(out_pipe[0]);
-      close(out_pipe[1]);
-      return opened;
-    }
-  } else {
-    if (pipe2(out_pipe, O_CLOEXEC) != 0) return Internal(std::string("pipe: ") + strerror(errno));
-    if (pipe2(err_pipe, O_CLOEXEC) != 0) {
-      close(out_pipe[0]);
-      close(out_pipe[1]);
-      return Internal(std::string("pipe: ") + strerror(errno));
-    }
-  }
-  int in_pipe[2] = {-1, -1};
-  if (!spec.stdin_data.empty()) {
-    if (pipe2(in_pipe, O_CLOEXEC) != 0) {
-      for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) close(fd);
-      return Internal(std::string("pipe: ") + strerror(errno));
-    }
-  }
+  ChildPipes pipes;
+  RETURN_IF_ERROR(OpenChildPipes(spec, &pipes));
   // Everything the child needs is built before fork: only async-signal-safe calls after it.
-  std::vector<std::string> env_strings;
-  std::map<std::string, std::string> merged;
-  for (char** e = environ; *e; ++e) {
-    std::string kv(*e);
-    size_t eq = kv.find('=');
-    if (eq != std::string::npos) merged[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  for (const auto& [k, v] : spec.env) merged[k] = v;
-  for (const auto& [k, v] : merged) env_strings.push_back(k + "=" + v);
+  std::vector<std::string> env_strings = MergedEnvironment(spec.env);
   std::vector<char*> envp, argv;
   for (auto& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
@@ -250,90 +338,31 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
   pid_t pid = fork();
   if (pid < 0) {
     std::string why = std::string("fork: ") + strerror(errno);
-    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1], in_pipe[0], in_pipe[1]}) {
-      if (fd >= 0) close(fd);
-    }
+    pipes.CloseAll();
     return Internal(why);
   }
-  if (pid == 0) {
-    setpgid(0, 0);
-    if (g_child_nice != kNoNice) setpriority(PRIO_PROCESS, 0, g_child_nice);
-    if (spec.die_with_parent) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(137);
-    }
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    signal(SIGPIPE, SIG_DFL);
-    dup2(out_pipe[1], 1);
-    dup2(err_pipe[1], 2);
-    if (in_pipe[0] >= 0) {
-      dup2(in_pipe[0], 0);
-    } else {
-      int devnull = open("/dev/null", O_RDONLY);
-      if (devnull >= 0) dup2(devnull, 0);
-    }
-    if (spec.reap_orphans) {
-      // The reaper leads the group the driver signals; the program runs in a group of its
-      // own below it, so SIGKILL never takes the reaper before it has cleaned up. SIGTERM to
-      // the reaper kills the program's group.
-      // The reaper never execs, so O_CLOEXEC never closes what it inherited: every other
-      // descriptor of this process, workers' kept stdin pipes among them, would stay open
-      // for its life (a remote worker would see its launcher's stdin close only after it).
-      CloseDescriptorsFrom(3);
-      prctl(PR_SET_CHILD_SUBREAPER, 1);
-      struct sigaction sa;
-      memset(&sa, 0, sizeof sa);
-      sa.sa_handler = OnReaperTerm;
-      sigaction(SIGTERM, &sa, nullptr);
-      pid_t reaper = getpid();
-      pid_t inner = fork();
-      if (inner < 0) _exit(127);
-      if (inner > 0) {
-        setpgid(inner, inner);
-        g_reaped_program = inner;
-        int status = 0;
-        while (waitpid(inner, &status, 0) < 0 && errno == EINTR) {
-        }
-        kill(-inner, SIGKILL);
-        KillAdopted();
-        if (WIFEXITED(status)) _exit(WEXITSTATUS(status));
-        int sig = WIFSIGNALED(status) ? WTERMSIG(status) : SIGKILL;
-        signal(sig, SIG_DFL);
-        kill(getpid(), sig);
-        _exit(128 + sig);
-      }
-      setpgid(0, 0);
-      signal(SIGTERM, SIG_DFL);
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != reaper) _exit(137);
-    }
-    execve(program.c_str(), argv.data(), envp.data());
-    dprintf(2, "cannot execute %s: %s\n", program.c_str(), strerror(errno));
-    _exit(127);
-  }
+  if (pid == 0) ExecChild(spec, pipes, parent, program, argv.data(), envp.data());
   setpgid(pid, pid);  // also here, so the group exists before the driver signals it
-  close(out_pipe[1]);
-  close(err_pipe[1]);
-  if (in_pipe[1] >= 0) {
-    close(in_pipe[0]);
+  close(pipes.out[1]);
+  close(pipes.err[1]);
+  if (pipes.in[1] >= 0) {
+    close(pipes.in[0]);
     // Fits the pipe's buffer: never blocks. A child that is already gone gets EPIPE (ignored).
-    ssize_t ignored = write(in_pipe[1], spec.stdin_data.data(), spec.stdin_data.size());
+    ssize_t ignored = write(pipes.in[1], spec.stdin_data.data(), spec.stdin_data.size());
     (void)ignored;
     if (!spec.keep_stdin_open) {
-      close(in_pipe[1]);
-      in_pipe[1] = -1;
+      close(pipes.in[1]);
+      pipes.in[1] = -1;
     }
   }
-  fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
-  fcntl(err_pipe[0], F_SETFL, O_NONBLOCK);
+  fcntl(pipes.out[0], F_SETFL, O_NONBLOCK);
+  fcntl(pipes.err[0], F_SETFL, O_NONBLOCK);
   std::unique_ptr<Process> p(new Process());
-  p->output_in_files_ = files;
+  p->output_in_files_ = !spec.stdout_file.empty();
   p->pid_ = pid;
-  p->out_fd_ = out_pipe[0];
-  p->err_fd_ = err_pipe[0];
-  p->in_fd_ = in_pipe[1];
+  p->out_fd_ = pipes.out[0];
+  p->err_fd_ = pipes.err[0];
+  p->in_fd_ = pipes.in[1];
   p->pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
   if (p->pidfd_ < 0) {
     std::string why = std::string("pidfd_open: ") + strerror(errno);
