@@ -7,7 +7,8 @@
 #include <cstring>
 #include <vector>
 
-#include "worker_agent/worker_agent.h"
+#include "common/clock.h"
+#include "worker_agent/elastic.h"
 
 using namespace elastic;
 

@@ -12,8 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "state/state.h"
-#include "worker_agent/worker_agent.h"
+#include "worker_agent/elastic.h"
 
 using namespace elastic;
 
@@ -38,7 +37,7 @@ int main(int argc, char** argv) {
     Communicator& c = agent.comm();
     if (c.rank() == 0) {
       std::printf("{\"event\": \"train_start\", \"round\": %lld, \"size\": %d, \"ts\": %.6f}\n",
-                  static_cast<long long>(agent.assignment().round), c.size(), Now());
+                  static_cast<long long>(agent.round()), c.size(), Now());
       std::fflush(stdout);
     }
     struct stat st;
@@ -52,7 +51,7 @@ int main(int argc, char** argv) {
       ++step;
       if (c.rank() == 0) {
         std::printf("{\"event\": \"step\", \"round\": %lld, \"size\": %d, \"ts\": %.6f}\n",
-                    static_cast<long long>(agent.assignment().round), c.size(), Now());
+                    static_cast<long long>(agent.round()), c.size(), Now());
         std::fflush(stdout);
       }
       state.Commit();

@@ -1,5 +1,5 @@
 // The abstract collective Communicator. state/ syncs through it without knowing Gloo or NCCL;
-// worker_agent/ implements it (GlooCommunicator, NcclCommunicator).
+// worker_agent/ implements it (GlooCommunicator; NcclCommunicator, a DeviceCommunicator).
 //
 // Collectives are called by every rank in the same order. They block until done and are not
 // thread-safe against each other; Abort() is the one method that may be called from another
@@ -79,6 +79,16 @@ class Communicator {
   virtual void Barrier() = 0;
   // Fails any collective in flight (and every later one) with WorkerLostError. Thread-safe.
   virtual void Abort() = 0;
+};
+
+// A Communicator whose buffers are device (CUDA) memory: NCCL's (elastic-run --backend nccl).
+class DeviceCommunicator : public Communicator {
+ public:
+  // The CUDA stream the collectives run on (a cudaStream_t; nullptr: the legacy default
+  // stream). Each collective waits for its own work on that stream to finish.
+  virtual void set_stream(void* stream) = 0;
+  // The CUDA device this rank uses.
+  virtual int device() const = 0;
 };
 
 }  // namespace elastic

@@ -28,8 +28,7 @@
 #include <thread>
 #include <vector>
 
-#include "state/state.h"
-#include "worker_agent/worker_agent.h"
+#include "worker_agent/elastic.h"
 
 namespace {
 
@@ -176,7 +175,7 @@ int main(int argc, char** argv) {
     elastic::Agent& agent = elastic::Init();
     elastic::Communicator& comm = agent.comm();
     if (!o.ledger.empty() && !ledger) {
-      std::string slot = agent.env().slot;
+      std::string slot = agent.slot();
       for (char& c : slot) c = c == ':' ? '_' : c;
       ledger = std::fopen((o.ledger + "." + slot + "." + std::to_string(getpid())).c_str(), "a");
     }
@@ -185,7 +184,7 @@ int main(int argc, char** argv) {
     std::vector<int64_t> sums(D + 3);
     while (epoch < o.epochs) {
       if (g_leave) {
-        std::printf("rank %d (slot %s) leaves the job\n", comm.rank(), agent.env().slot.c_str());
+        std::printf("rank %d (slot %s) leaves the job\n", comm.rank(), agent.slot().c_str());
         agent.ReportLeaving("SIGUSR1");
         if (ledger) std::fclose(ledger);
         std::fflush(stdout);
@@ -222,9 +221,8 @@ int main(int argc, char** argv) {
       }
       if (ledger) {
         std::fprintf(ledger, "%lld %lld %lld %d %d %lld %s\n", static_cast<long long>(epoch),
-                     static_cast<long long>(step + 1),
-                     static_cast<long long>(agent.assignment().round), comm.rank(), comm.size(),
-                     static_cast<long long>(NowMs()), line.c_str());
+                     static_cast<long long>(step + 1), static_cast<long long>(agent.round()),
+                     comm.rank(), comm.size(), static_cast<long long>(NowMs()), line.c_str());
         std::fflush(ledger);
       }
       comm.Allreduce(sums.data(), sums.size(), elastic::DataType::kI64, elastic::ReduceOp::kSum);

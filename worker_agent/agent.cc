@@ -15,7 +15,7 @@
 #include "worker_agent/shm_group.h"
 #include "worker_agent/worker_agent.h"
 
-namespace elastic {
+namespace elastic::worker_agent {
 namespace {
 
 // The local address that routes to the driver: where peers can reach this worker.
@@ -46,10 +46,10 @@ std::string LocalAddressTowards(const std::string& driver_addr) {
 
 }  // namespace
 
-Agent::Agent(WorkerOptions env, AgentOptions options)
+AgentImpl::AgentImpl(WorkerOptions env, AgentOptions options)
     : env_(std::move(env)), options_(std::move(options)) {}
 
-StatusOr<std::unique_ptr<Agent>> Agent::Create(WorkerOptions env, AgentOptions options) {
+StatusOr<std::unique_ptr<AgentImpl>> AgentImpl::Create(WorkerOptions env, AgentOptions options) {
   if (options.gloo.iface.empty()) options.gloo.iface = env.iface;
   if (options.gloo.iface.empty() && options.gloo.hostname.empty()) {
     options.gloo.hostname = LocalAddressTowards(env.driver_addr);
@@ -65,30 +65,31 @@ StatusOr<std::unique_ptr<Agent>> Agent::Create(WorkerOptions env, AgentOptions o
   // This process's shared-memory segment serves its later rounds on the host when it can
   // (ShmKeeper); ELASTIC_SHM_REUSE=0: a new one every round.
   if (!options.gloo.shm_keeper && env.shm_reuse) {
-    options.gloo.shm_keeper = std::make_shared<worker_agent::ShmKeeper>();
+    options.gloo.shm_keeper = std::make_shared<ShmKeeper>();
   }
+  if (!options.comms) options.comms = MakeGlooFactory(options.gloo);
   if (!options.driver_timeout) {
     options.driver_timeout = env.driver_timeout.value_or(std::chrono::seconds(120));
   }
   const bool spare = env.spare;
   // The backend: NCCL when asked (it must load and see a device), or under auto when it can.
   Backend backend = Backend::kGloo;
-  std::shared_ptr<worker_agent::NcclApi> nccl_api;
+  std::shared_ptr<NcclApi> nccl_api;
   if (*options.backend != Backend::kGloo) {
     const bool required = *options.backend == Backend::kNccl;
     // The device count first, through the CUDA runtime alone: a CPU machine never loads NCCL.
     int devices = 0;
-    StatusOr<std::shared_ptr<worker_agent::NcclApi>> api = FailedPrecondition("not loaded");
+    StatusOr<std::shared_ptr<NcclApi>> api = FailedPrecondition("not loaded");
     Status why;
     if (options.nccl_api) {
       api = options.nccl_api;
       why = options.nccl_api->DeviceCount(&devices);
     } else {
-      auto visible = worker_agent::VisibleCudaDevices(env.cudart_library);
+      auto visible = VisibleCudaDevices(env.cudart_library);
       why = visible.status();
       if (visible.ok()) devices = *visible;
       if (why.ok() && devices > 0) {
-        api = worker_agent::LoadNcclApi(env.nccl_library, env.cudart_library);
+        api = LoadNcclApi(env.nccl_library, env.cudart_library);
         why = api.status();
       }
     }
@@ -105,7 +106,7 @@ StatusOr<std::unique_ptr<Agent>> Agent::Create(WorkerOptions env, AgentOptions o
       spdlog::debug("backend auto: Gloo ({})", why.message());
     }
   }
-  std::unique_ptr<Agent> agent(new Agent(std::move(env), std::move(options)));
+  std::unique_ptr<AgentImpl> agent(new AgentImpl(std::move(env), std::move(options)));
   agent->backend_ = backend;
   agent->spare_ = spare;
   agent->nccl_api_ = std::move(nccl_api);
@@ -120,7 +121,7 @@ StatusOr<std::unique_ptr<Agent>> Agent::Create(WorkerOptions env, AgentOptions o
   return agent;
 }
 
-Agent::~Agent() {
+AgentImpl::~AgentImpl() {
   StopWatch();
   MutexLock g(comm_mu_);
   comm_.reset();
@@ -128,7 +129,7 @@ Agent::~Agent() {
   nccl_parent_.reset();
 }
 
-void Agent::StopWatch() {
+void AgentImpl::StopWatch() {
   stopping_.store(true);
   client_->CancelWatch();
   if (watch_.joinable()) watch_.join();
@@ -140,7 +141,7 @@ void Agent::StopWatch() {
   if (reporter_.joinable()) reporter_.join();
 }
 
-void Agent::ReportLoop() {
+void AgentImpl::ReportLoop() {
   // A commit report, or else a heartbeat every second: the driver tells a hung worker from
   // its peers waiting for it by what these say (docs/recovery.md, "Hangs and silent workers").
   MutexLock l(report_mu_);
@@ -179,7 +180,7 @@ rendezvous::Report ProgressReport(rendezvous::ReportKind kind, const Progress& p
 }
 }  // namespace
 
-void Agent::NoteCommit(const Progress& p) {
+void AgentImpl::NoteCommit(const Progress& p) {
   rendezvous::Report r = ProgressReport(rendezvous::ReportKind::kCommitted, p);
   r.round = current_round_.load();
   {
@@ -189,7 +190,7 @@ void Agent::NoteCommit(const Progress& p) {
   report_cv_.notify_all();
 }
 
-void Agent::WatchLoop() {
+void AgentImpl::WatchLoop() {
   // A stream that breaks means the driver is gone or unreachable. Collectives and commits do
   // not need it, so a worker that had reached it trains on and keeps re-opening the stream;
   // only membership changes wait (Join, the round's store). Past the driver timeout it exits,
@@ -263,7 +264,7 @@ void Agent::WatchLoop() {
   }
 }
 
-void Agent::OnEvent(const rendezvous::Event& e) {
+void AgentImpl::OnEvent(const rendezvous::Event& e) {
   using rendezvous::EventKind;
   switch (e.kind) {
     case EventKind::kMembershipChanging: {
@@ -315,11 +316,7 @@ void Agent::OnEvent(const rendezvous::Event& e) {
   }
 }
 
-StatusOr<bool> Agent::JoinNextRound(int64_t version) {
-  {
-    MutexLock g(comm_mu_);
-    comm_.reset();
-  }
+StatusOr<rendezvous::JoinResult> AgentImpl::Join(int64_t version) {
   if (spare_) {
     spdlog::info(
         "slot {}: initialised, waiting for a place (a warm spare, or a newcomer that "
@@ -347,6 +344,15 @@ StatusOr<bool> Agent::JoinNextRound(int64_t version) {
     }
     spare_ = false;
   }
+  return joined;
+}
+
+StatusOr<bool> AgentImpl::JoinNextRound(int64_t version) {
+  {
+    MutexLock g(comm_mu_);
+    comm_.reset();
+  }
+  auto joined = Join(version);
   if (!joined.ok()) return joined.status().WithContext("joining the next round");
   if (joined->removed) {
     spdlog::info("slot {} was removed by the driver (scale-down)", env_.slot);
@@ -356,14 +362,13 @@ StatusOr<bool> Agent::JoinNextRound(int64_t version) {
   current_round_.store(assignment_.round);
   OutliveParent();
   SetTestHookRound(assignment_.round);
-  worker_agent::Topology topo{assignment_.rank,       assignment_.size,
-                              assignment_.local_rank, assignment_.local_size,
-                              assignment_.cross_rank, assignment_.cross_size};
+  Topology topo{assignment_.rank,       assignment_.size,       assignment_.local_rank,
+                assignment_.local_size, assignment_.cross_rank, assignment_.cross_size};
   std::string round = "round " + std::to_string(assignment_.round);
   TimePoint rebuild_start = SteadyClock::now();
-  auto made = worker_agent::GlooCommunicator::New(topo, options_.gloo);
+  auto made = options_.comms->New(topo);
   if (!made.ok()) return made.status().WithContext(round);
-  worker_agent::GlooCommunicator* comm = made->get();
+  RoundCommunicator* comm = made->get();
   {
     // Installed before it connects, so that an ABORT can reach it while it does; one that
     // came before (while this worker was still in Join) takes effect at once.
@@ -376,7 +381,7 @@ StatusOr<bool> Agent::JoinNextRound(int64_t version) {
       comm_->Abort();
     }
   }
-  round_store_ = worker_agent::MakeRpcRoundStore(client_.get(), assignment_.round);
+  round_store_ = MakeRpcRoundStore(client_.get(), assignment_.round);
   Status connected = comm->Connect(round_store_.get());
   last_rebuild_ = SteadyClock::now() - rebuild_start;
   {
@@ -405,7 +410,7 @@ StatusOr<bool> Agent::JoinNextRound(int64_t version) {
   return true;
 }
 
-void Agent::OutliveParent() {
+void AgentImpl::OutliveParent() {
   // A local worker is started with PR_SET_PDEATHSIG (common/process.h): a program that never
   // reaches the driver dies with it. One that joined rides out a lost driver (WatchLoop), so
   // the setting goes. It belongs to the thread that exec'd the program, the one that calls
@@ -420,11 +425,52 @@ void Agent::OutliveParent() {
   }
 }
 
-Status Agent::BuildNccl(const worker_agent::Topology& topo) {
-  using worker_agent::NcclCommunicator;
-  ASSIGN_OR_RETURN(int device, worker_agent::DeviceForLocalRank(
-                                   nccl_api_.get(), topo.local_rank, topo.local_size,
-                                   env_.hostname));
+StatusOr<AgentImpl::NcclShrinkPlan> AgentImpl::AgreeNcclShrink() {
+  // Shrink when every member was in the same previous communicator and some of it is gone.
+  // Each member says (previous round, its NCCL rank there, that communicator's size) over
+  // Gloo, so every member takes the same decision.
+  NcclShrinkPlan plan;
+  if (!options_.nccl_shrink || !nccl_api_->has_shrink()) return plan;
+  struct Prev {
+    int64_t round = -1;
+    int32_t rank = -1;
+    int32_t size = 0;
+  } mine;
+  NcclCommunicator* parent = nccl_parent_.get();
+  if (parent && (parent->phase() == NcclCommunicator::Phase::kReady ||
+                 parent->phase() == NcclCommunicator::Phase::kRevoked)) {
+    mine = {last_nccl_round_, parent->nccl_rank(), parent->size()};
+  }
+  std::vector<std::vector<char>> all;
+  try {
+    all = comm_->Allgather(&mine, sizeof mine);
+  } catch (const WorkerLostError& e) {
+    return Aborted(std::string("agreeing on the NCCL rebuild: ") + e.what());
+  }
+  std::vector<Prev> prev(all.size());
+  for (size_t r = 0; r < all.size(); ++r) std::memcpy(&prev[r], all[r].data(), sizeof(Prev));
+  std::vector<bool> present(std::max(prev[0].size, 0), false);
+  for (const Prev& p : prev) {
+    if (p.round < 0 || p.round != prev[0].round || p.size != prev[0].size || p.rank < 0 ||
+        p.rank >= p.size || present[p.rank]) {
+      return plan;
+    }
+    present[p.rank] = true;
+  }
+  for (int r = 0; r < prev[0].size; ++r) {
+    if (!present[r]) plan.exclude.push_back(r);
+  }
+  plan.shrink = !plan.exclude.empty();
+  for (const Prev& p : prev) {  // NCCL numbers survivors in their old order
+    plan.rank_of.push_back(
+        static_cast<int>(std::count(present.begin(), present.begin() + p.rank, true)));
+  }
+  return plan;
+}
+
+Status AgentImpl::BuildNccl(const Topology& topo) {
+  ASSIGN_OR_RETURN(int device, DeviceForLocalRank(nccl_api_.get(), topo.local_rank, topo.local_size,
+                                                  env_.hostname));
   ASSIGN_OR_RETURN(auto made, NcclCommunicator::New(nccl_api_, topo, device, options_.nccl));
   NcclCommunicator* next = made.get();
   {
@@ -435,56 +481,14 @@ Status Agent::BuildNccl(const worker_agent::Topology& topo) {
     if (aborted_round_.load() >= assignment_.round) nccl_->Abort();
   }
   TimePoint t0 = SteadyClock::now();
-  // Shrink when every member was in the same previous communicator and some of it is gone.
-  // Each member says (previous round, its NCCL rank there, that communicator's size) over
-  // Gloo, so every member takes the same decision.
-  struct Prev {
-    int64_t round = -1;
-    int32_t rank = -1;
-    int32_t size = 0;
-  } mine;
   NcclCommunicator* parent = nccl_parent_.get();
-  if (options_.nccl_shrink && nccl_api_->has_shrink() && parent &&
-      (parent->phase() == NcclCommunicator::Phase::kReady ||
-       parent->phase() == NcclCommunicator::Phase::kRevoked)) {
-    mine = {last_nccl_round_, parent->nccl_rank(), parent->size()};
-  }
-  bool shrink = options_.nccl_shrink && nccl_api_->has_shrink();
-  std::vector<int> exclude, rank_of;
-  if (shrink) {
-    std::vector<std::vector<char>> all;
-    try {
-      all = comm_->Allgather(&mine, sizeof mine);
-    } catch (const WorkerLostError& e) {
-      return Aborted(std::string("agreeing on the NCCL rebuild: ") + e.what());
-    }
-    std::vector<Prev> prev(all.size());
-    for (size_t r = 0; r < all.size(); ++r) std::memcpy(&prev[r], all[r].data(), sizeof(Prev));
-    std::vector<bool> present(std::max(prev[0].size, 0), false);
-    for (const Prev& p : prev) {
-      if (p.round < 0 || p.round != prev[0].round || p.size != prev[0].size || p.rank < 0 ||
-          p.rank >= p.size || present[p.rank]) {
-        shrink = false;
-        break;
-      }
-      present[p.rank] = true;
-    }
-    if (shrink) {
-      for (int r = 0; r < prev[0].size; ++r) {
-        if (!present[r]) exclude.push_back(r);
-      }
-      shrink = !exclude.empty();
-      for (const Prev& p : prev) {  // NCCL numbers survivors in their old order
-        rank_of.push_back(static_cast<int>(
-            std::count(present.begin(), present.begin() + p.rank, true)));
-      }
-    }
-  }
+  ASSIGN_OR_RETURN(NcclShrinkPlan plan, AgreeNcclShrink());
+  bool shrink = plan.shrink;
   const char* how = "init";
   Status s;
   if (shrink) {
     how = "shrink";
-    s = next->ConnectByShrink(parent, exclude, rank_of);
+    s = next->ConnectByShrink(parent, plan.exclude, plan.rank_of);
     // Every member falls back together when any shrink failed.
     int32_t ok = s.ok() ? 1 : 0;
     try {
@@ -505,7 +509,7 @@ Status Agent::BuildNccl(const worker_agent::Topology& topo) {
   }
   if (!shrink) {
     how = "init";
-    auto store = worker_agent::MakeRpcRoundStore(client_.get(), assignment_.round);
+    auto store = MakeRpcRoundStore(client_.get(), assignment_.round);
     s = next->Connect(store.get());
   }
   {
@@ -520,18 +524,18 @@ Status Agent::BuildNccl(const worker_agent::Topology& topo) {
   return Status();
 }
 
-worker_agent::NcclCommunicator* Agent::device_comm() { return nccl_.get(); }
+NcclCommunicator* AgentImpl::device_comm() { return nccl_.get(); }
 
-Communicator& Agent::comm() {
-  if (!comm_) throw std::logic_error("Agent::comm() before a successful JoinNextRound()");
+Communicator& AgentImpl::comm() {
+  if (!comm_) throw std::logic_error("AgentImpl::comm() before a successful JoinNextRound()");
   return *comm_;
 }
 
-bool Agent::change_pending() const {
+bool AgentImpl::change_pending() const {
   return current_round_.load() >= 0 && changing_round_.load() >= current_round_.load();
 }
 
-void Agent::CheckHostUpdates() {
+void AgentImpl::CheckHostUpdates() {
   int32_t flag = change_pending() ? 1 : 0;
   comm().Allreduce(&flag, 1, DataType::kI32, ReduceOp::kMax);
   if (flag > 0) {
@@ -540,18 +544,19 @@ void Agent::CheckHostUpdates() {
   }
 }
 
-Status Agent::SendReport(rendezvous::Report r) {
+Status AgentImpl::SendReport(rendezvous::Report r) {
   r.slot = env_.slot;
   if (r.round < 0) r.round = current_round_.load();
   {
     MutexLock g(comm_mu_);
     if (comm_) {
       // Collectives on either communicator count: a GPU job's steps are NCCL's.
-      TimePoint last = comm_->last_collective_start();
-      r.collectives = static_cast<int64_t>(comm_->collectives_started());
-      r.in_collective = comm_->in_collective();
-      r.compute_seconds = comm_->compute_seconds();
-      r.wait_seconds = comm_->wait_seconds();
+      CollectiveStats stats = comm_->stats();
+      TimePoint last = stats.last_start;
+      r.collectives = static_cast<int64_t>(stats.started);
+      r.in_collective = stats.running;
+      r.compute_seconds = stats.compute_seconds;
+      r.wait_seconds = stats.wait_seconds;
       if (nccl_ && nccl_round_ == comm_round_) {
         r.collectives += static_cast<int64_t>(nccl_->collectives_started());
         r.in_collective = r.in_collective || nccl_->in_collective();
@@ -574,7 +579,7 @@ Status Agent::SendReport(rendezvous::Report r) {
   return s;
 }
 
-void Agent::ReportCommitted(const Progress& p, Duration rebuild, Duration sync) {
+void AgentImpl::ReportCommitted(const Progress& p, Duration rebuild, Duration sync) {
   // While the driver is unreachable training does not wait for it: the report goes with the
   // later commits, from the background thread (the newest only).
   if (driver_lost_.load()) {
@@ -587,14 +592,14 @@ void Agent::ReportCommitted(const Progress& p, Duration rebuild, Duration sync) 
   (void)SendReport(std::move(r));
 }
 
-void Agent::ReportLeaving(const std::string& why) {
+void AgentImpl::ReportLeaving(const std::string& why) {
   rendezvous::Report r;
   r.kind = rendezvous::ReportKind::kLeaving;
   r.message = why;
   (void)SendReport(std::move(r));
 }
 
-void Agent::ReportFinished(int64_t version) {
+void AgentImpl::ReportFinished(int64_t version) {
   rendezvous::Report r;
   r.kind = rendezvous::ReportKind::kFinished;
   r.step = version;
@@ -631,15 +636,15 @@ void Agent::ReportFinished(int64_t version) {
   }
 }
 
-void Agent::ReportFailed(const std::string& message) {
+void AgentImpl::ReportFailed(const std::string& message) {
   rendezvous::Report r;
   r.kind = rendezvous::ReportKind::kFailed;
   r.message = message;
   (void)SendReport(std::move(r));
 }
 
-void Agent::ReportCheckpoint(rendezvous::ReportKind kind, const Progress& p,
-                             const std::string& message, double seconds) {
+void AgentImpl::ReportCheckpoint(rendezvous::ReportKind kind, const Progress& p,
+                                 const std::string& message, double seconds) {
   rendezvous::Report r = ProgressReport(kind, p);
   r.message = message;
   r.seconds = seconds;
@@ -647,15 +652,15 @@ void Agent::ReportCheckpoint(rendezvous::ReportKind kind, const Progress& p,
 }
 
 namespace {
-std::unique_ptr<Agent>& ProcessAgent() {
-  static std::unique_ptr<Agent>* agent = new std::unique_ptr<Agent>();  // never destroyed
+std::unique_ptr<AgentImpl>& ProcessAgent() {
+  static std::unique_ptr<AgentImpl>* agent = new std::unique_ptr<AgentImpl>();  // never destroyed
   return *agent;
 }
 }  // namespace
 
-Agent& Init(AgentOptions options) {
+AgentImpl& InitAgent(AgentOptions options) {
   static std::once_flag once;
-  std::unique_ptr<Agent>& agent = ProcessAgent();
+  std::unique_ptr<AgentImpl>& agent = ProcessAgent();
   std::call_once(once, [&] {
     auto env = WorkerOptions::FromEnvironment();
     if (!env.ok()) {
@@ -667,12 +672,12 @@ Agent& Init(AgentOptions options) {
     if (!logging.ok())
       std::fprintf(stderr, "elastic: ELASTIC_LOG_LEVEL: %s\n", logging.message().c_str());
     // The test hooks are the process's (common/test_hook.h): set here, for the process-wide
-    // agent, not in Agent::Create, which tests call for several agents of one process.
+    // agent, not in AgentImpl::Create, which tests call for several agents of one process.
     if (Status hooks = ConfigureTestHooks(env->test_hooks, env->slot); !hooks.ok()) {
       std::fprintf(stderr, "elastic: %s\n", hooks.message().c_str());
       std::exit(2);
     }
-    auto a = Agent::Create(*env, options);
+    auto a = AgentImpl::Create(*env, options);
     if (!a.ok()) {
       std::fprintf(stderr, "elastic: %s\n", a.status().ToString().c_str());
       std::exit(2);
@@ -696,5 +701,11 @@ Agent& Init(AgentOptions options) {
   });
   return *agent;
 }
+
+}  // namespace elastic::worker_agent
+
+namespace elastic {
+
+Agent& Init() { return worker_agent::InitAgent(); }
 
 }  // namespace elastic

@@ -202,6 +202,24 @@ GlooCommunicator::~GlooCommunicator() {
   if (!abandoned && shm_ && options_.shm_keeper) options_.shm_keeper->Keep(std::move(shm_));
 }
 
+namespace {
+class GlooFactory : public CommunicatorFactory {
+ public:
+  explicit GlooFactory(GlooOptions options) : options_(std::move(options)) {}
+  StatusOr<std::unique_ptr<RoundCommunicator>> New(const Topology& topo) override {
+    ASSIGN_OR_RETURN(auto made, GlooCommunicator::New(topo, options_));
+    return std::unique_ptr<RoundCommunicator>(std::move(made));
+  }
+
+ private:
+  const GlooOptions options_;
+};
+}  // namespace
+
+std::shared_ptr<CommunicatorFactory> MakeGlooFactory(GlooOptions options) {
+  return std::make_shared<GlooFactory>(std::move(options));
+}
+
 StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::New(const Topology& topo,
                                                                   const GlooOptions& options) {
   if (topo.size < 1 || topo.rank < 0 || topo.rank >= topo.size) {
@@ -460,35 +478,12 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(RoundStore*
 
 // What the hang watch reads of a collective: one more started, when, and whether one runs
 // (until this goes out of scope).
-class GlooCommunicator::Running {
- public:
-  explicit Running(GlooCommunicator* c)
-      : c_(c), start_(SteadyClock::now().time_since_epoch().count()) {
-    c_->NoteStarted(start_);
-    // Collectives from two threads at once (a background allreduce beside the training
-    // thread's barrier) overlap: a gap only counts when this one starts after the last end.
-    Duration::rep end = c_->last_end_.load();
-    if (end != 0 && start_ > end) c_->compute_.fetch_add(start_ - end);
-    c_->NoteRunning(true);
-  }
-  ~Running() {
-    Duration::rep now = SteadyClock::now().time_since_epoch().count();
-    c_->wait_.fetch_add(now - start_);
-    c_->last_end_.store(now);
-    c_->NoteRunning(false);
-  }
-
- private:
-  GlooCommunicator* c_;
-  Duration::rep start_;
-};
-
 void GlooCommunicator::Guard(const char* what, std::function<void()> fn, Duration grace) {
   auto lost = [what](const std::string& why) {
     return WorkerLostError(std::string(what) + (why.empty() ? "" : ": ") + why);
   };
   if (aborted_.load()) throw lost("the communicator was aborted (a peer is gone)");
-  Running running(this);
+  Collective running(this);
   if (!exec_) {
     auto ex = Executor::Take();
     MutexLock g(abort_mu_);  // Abort() reads exec_ from another thread
@@ -530,7 +525,7 @@ void GlooCommunicator::Inline(const char* what, const std::function<void()>& fn)
     return WorkerLostError(std::string(what) + ": " + why);
   };
   if (aborted_.load()) throw lost("the communicator was aborted (a peer is gone)");
-  Running running(this);
+  Collective running(this);
   try {
     fn();
   } catch (const gloo::Exception& e) {

@@ -15,6 +15,7 @@
 #include "common/mutex.h"
 #include "worker_agent/communicator_base.h"
 #include "worker_agent/gloo_pairs.h"
+#include "worker_agent/round_communicator.h"
 #include "worker_agent/store.h"
 #include "worker_agent/topology.h"
 
@@ -59,7 +60,11 @@ struct GlooOptions {
 // per rank, not size - 1. Sorted, without `rank`.
 std::vector<int> GlooPeers(int rank, int size);
 
-class GlooCommunicator : public CommunicatorBase {
+// The factory of GlooCommunicators with `options`: what the Agent builds each round's host
+// communicator with.
+std::shared_ptr<CommunicatorFactory> MakeGlooFactory(GlooOptions options);
+
+class GlooCommunicator : public CommunicatorBase<RoundCommunicator> {
  public:
   // A communicator for `topo`, not connected yet (INVALID_ARGUMENT for a bad topology, or
   // UNAVAILABLE when the interface or address cannot be bound). Abort() works on it at once.
@@ -79,7 +84,7 @@ class GlooCommunicator : public CommunicatorBase {
   // any thread: the store wait is the caller's to cancel, the pairs are failed here);
   // UNAVAILABLE / DEADLINE_EXCEEDED (with Gloo's message) when peers do not show up. Call
   // once.
-  Status Connect(RoundStore* store);
+  Status Connect(RoundStore* store) override;
   // New() then Connect().
   static StatusOr<std::unique_ptr<GlooCommunicator>> Create(RoundStore* store, const Topology& topo,
                                                             const GlooOptions& options);
@@ -105,12 +110,7 @@ class GlooCommunicator : public CommunicatorBase {
   // rounds means the later one reused the segment (GlooOptions::shm_keeper).
   uint64_t shm_token() const;
 
-  // For the driver's straggler detection (thread-safe; docs/recovery.md, "Stragglers"): the
-  // time this rank spent between collectives (its own work: compute) and in them (the
-  // collective itself, and waiting there for its peers), over this communicator's life,
-  // counted from the end of its first collective.
-  double compute_seconds() const { return Seconds(compute_.load()); }
-  double wait_seconds() const { return Seconds(wait_.load()); }
+  CollectiveStats stats() const override { return collective_stats(); }
 
  private:
   struct Executor;
@@ -170,7 +170,6 @@ class GlooCommunicator : public CommunicatorBase {
   // an abort by itself (the hierarchical allreduce, the shared-memory collectives). A
   // WorkerLostError also aborts the host's segment, so its other local ranks stop waiting.
   void Inline(const char* what, const std::function<void()>& fn);
-  class Running;
 
   std::shared_ptr<AbortableContext> ctx_;
   GlooOptions options_;
@@ -182,11 +181,6 @@ class GlooCommunicator : public CommunicatorBase {
   std::shared_ptr<void> pairs_ ELASTIC_GUARDED_BY(abort_mu_);
   std::vector<int> peers_;          // the ranks this rank has a pair with, once connected
   std::shared_ptr<Executor> exec_;  // started on the first collective
-  std::atomic<Duration::rep> last_end_{0};  // when the last collective ended (0: none has)
-  std::atomic<Duration::rep> compute_{0}, wait_{0};
-  static double Seconds(Duration::rep d) {
-    return std::chrono::duration<double>(Duration(d)).count();
-  }
   // The hierarchical allreduce; set while connecting, under abort_mu_.
   std::unique_ptr<ShmGroup> shm_;               // when this host has several ranks
   std::unique_ptr<GlooCommunicator> cross_;     // local rank 0, when there are several hosts

@@ -37,7 +37,7 @@ struct NcclOptions {
   size_t fusion_bytes = 64u << 20;  // the device fusion buffer of AllreduceMany
 };
 
-class NcclCommunicator : public CommunicatorBase {
+class NcclCommunicator : public CommunicatorBase<DeviceCommunicator> {
  public:
   enum class Phase { kCreated, kInitializing, kReady, kRevoked, kAborted, kFailed };
   static const char* PhaseName(Phase p);
@@ -63,10 +63,8 @@ class NcclCommunicator : public CommunicatorBase {
   Status ConnectByShrink(NcclCommunicator* parent, const std::vector<int>& exclude,
                          std::vector<int> nccl_rank_of);
 
-  // The CUDA stream the collectives run on (cudaStream_t; nullptr: the legacy default
-  // stream). Each collective waits for its own work on that stream to finish.
-  void set_stream(void* stream) { stream_ = stream; }
-  int device() const { return device_; }
+  void set_stream(void* stream) override { stream_ = stream; }
+  int device() const override { return device_; }
   // This rank's number inside the NCCL communicator (its round rank unless shrunk).
   int nccl_rank() const { return nccl_rank_of_[topo_.rank]; }
   Phase phase() const;

@@ -25,11 +25,10 @@ namespace {
 // gives it to the others.
 class Checkpoints {
  public:
-  Checkpoints(Agent& agent, Checkpointer::Options options)
+  Checkpoints(worker_agent::AgentImpl& agent, Checkpointer::Options options)
       : agent_(agent),
-        writer_(std::move(options), [this](const Status& s, const CheckpointInfo& info, double secs) {
-          Written(s, info, secs);
-        }) {}
+        writer_(std::move(options), [this](const Status& s, const CheckpointInfo& info,
+                                           double secs) { Written(s, info, secs); }) {}
 
   // After a commit.
   void MaybeWrite(State& state) {
@@ -116,7 +115,7 @@ class Checkpoints {
     agent_.ReportCheckpoint(rendezvous::ReportKind::kCheckpointFailed, p, s.message(), secs);
   }
 
-  Agent& agent_;
+  worker_agent::AgentImpl& agent_;
   Mutex mu_;
   Progress pending_ ELASTIC_GUARDED_BY(mu_);  // what the write in progress holds
   std::string failing_;  // the writer thread's only
@@ -127,8 +126,8 @@ class Checkpoints {
 
 }  // namespace
 
-void Run(State& state, const std::function<void(State&)>& train, AgentOptions options) {
-  Agent& agent = Init(options);
+void Run(State& state, const std::function<void(State&)>& train) {
+  worker_agent::AgentImpl& agent = worker_agent::InitAgent();
   // The first commit of each round is reported (synchronously: the driver learns that a
   // commit exists before any rank moves past it) with the worker-side recovery phases; the
   // driver's event log times recovery by it.

@@ -1,7 +1,9 @@
-// The worker agent: what runs inside a worker process. It reads the environment the driver gives
-// (docs/architecture.md, "Environment"), joins rounds, keeps the Watch stream on a background
-// thread, and builds a Communicator for each round.  Thread safety: Agent methods are called from
-// the training thread; the Watch thread only flips flags and may Abort() the current communicator.
+// The worker agent, inside the library: AgentImpl is the elastic::Agent of worker_agent/elastic.h
+// (the public header) with what Run, the Python binding and the tests use besides. It reads the
+// environment the driver gives (docs/architecture.md, "Environment"), joins rounds, keeps the
+// Watch stream on a background thread, and builds a Communicator for each round. Thread safety:
+// methods are called from the training thread; the Watch thread only flips flags and may Abort()
+// the current communicator.
 #pragma once
 
 #include <atomic>
@@ -18,24 +20,29 @@
 #include "rendezvous/client.h"
 #include "rendezvous/types.h"
 #include "state/state.h"
+#include "worker_agent/elastic.h"
 #include "worker_agent/gloo_communicator.h"
 #include "worker_agent/nccl_communicator.h"
+#include "worker_agent/round_communicator.h"
 #include "worker_agent/worker_options.h"
 
-namespace elastic {
+namespace elastic::worker_agent {
 
 struct AgentOptions {
   Duration join_timeout = std::chrono::seconds(600);
-  worker_agent::GlooOptions gloo;
+  // What makes each round's host communicator. Unset: Gloo's (MakeGlooFactory) with `gloo`,
+  // completed from the environment (WorkerOptions); tests give an in-process one.
+  std::shared_ptr<CommunicatorFactory> comms;
+  GlooOptions gloo;
   // Unset: ELASTIC_BACKEND (set by `elastic-run --backend`), else auto: NCCL when this process
   // sees a CUDA device and NCCL loads, else Gloo alone.
   std::optional<Backend> backend;
-  worker_agent::NcclOptions nccl;
+  NcclOptions nccl;
   // When a round only removes members, survivors shrink the NCCL communicator instead of a
   // fresh init (ELASTIC_NCCL_SHRINK=0 turns it off).
   bool nccl_shrink = true;
   // The NCCL to use instead of loading the library (tests give an in-memory stand-in).
-  std::shared_ptr<worker_agent::NcclApi> nccl_api;
+  std::shared_ptr<NcclApi> nccl_api;
   // How long this worker trains on once the driver is unreachable (its Watch stream broke
   // and cannot be re-opened) before it exits by itself (docs/recovery.md, "When the driver
   // is lost"). Unset: ELASTIC_DRIVER_TIMEOUT (seconds; set by `elastic-run --driver-timeout`),
@@ -43,11 +50,11 @@ struct AgentOptions {
   std::optional<Duration> driver_timeout;
 };
 
-class Agent {
+class AgentImpl final : public Agent {
  public:
   // Connects to the driver and starts the Watch thread; does not join yet.
-  static StatusOr<std::unique_ptr<Agent>> Create(WorkerOptions env, AgentOptions options = {});
-  ~Agent();
+  static StatusOr<std::unique_ptr<AgentImpl>> Create(WorkerOptions env, AgentOptions options = {});
+  ~AgentImpl() override;
 
   // Destroys the current communicator, joins the next round (round 0 the first time), saying
   // that this worker holds state `version` (State::version(); 0: none), and builds the
@@ -58,17 +65,19 @@ class Agent {
   StatusOr<bool> JoinNextRound(int64_t version);
 
   const rendezvous::Assignment& assignment() const { return assignment_; }
-  Communicator& comm();  // valid after a successful JoinNextRound
+  Communicator& comm() override;  // valid after a successful JoinNextRound
+  int64_t round() const override { return assignment_.round; }
+  const std::string& slot() const override { return env_.slot; }
   // The backend this worker resolved (kGloo or kNccl; never kAuto).
   Backend backend() const { return backend_; }
   // The NCCL communicator of the current round (device buffers), or nullptr under Gloo.
-  worker_agent::NcclCommunicator* device_comm();
+  NcclCommunicator* device_comm() override;
   const WorkerOptions& env() const { return env_; }
 
   // True once the driver announced that the current round is changing.
-  bool change_pending() const;
+  bool change_pending() const override;
   // True while the driver is unreachable (its Watch broke and has not re-opened).
-  bool driver_lost() const { return driver_lost_.load(); }
+  bool driver_lost() const override { return driver_lost_.load(); }
   // Agrees across ranks (max-allreduce of change_pending) and throws HostsUpdated when any
   // rank saw the announcement, so every rank stops at the same commit. May throw
   // WorkerLostError.
@@ -87,7 +96,7 @@ class Agent {
   // Tells the driver that this worker leaves the job of its own accord: the driver forms the
   // next round without it at once, whether it then exits 0, fails or is killed. Blocks until
   // the driver has it (or the call fails: logged). The caller should then exit.
-  void ReportLeaving(const std::string& why);
+  void ReportLeaving(const std::string& why) override;
   // How long building the communicator of the current round took.
   Duration last_rebuild() const { return last_rebuild_; }
   // `version`: of the state the training function returned with (its last commit).
@@ -100,17 +109,29 @@ class Agent {
                         const std::string& message, double seconds = 0);
 
  private:
-  Agent(WorkerOptions env, AgentOptions options);
+  AgentImpl(WorkerOptions env, AgentOptions options);
   void WatchLoop();
   // Clears this thread's parent-death signal once the worker joined (driver timeout > 0).
   void OutliveParent();
   void ReportLoop();
   void OnEvent(const rendezvous::Event& e);
+  // Asks the driver for this worker's place in the next round (JoinNextRound's first half); a
+  // warm spare asks again until it gets one.
+  StatusOr<rendezvous::JoinResult> Join(int64_t version);
   Status SendReport(rendezvous::Report r);
   // Builds the NCCL communicator of the round just joined, beside the connected Gloo one:
   // by shrinking the previous round's when every member was in it and only members left,
   // else by a fresh init. Errors as JoinNextRound.
-  Status BuildNccl(const worker_agent::Topology& topo);
+  Status BuildNccl(const Topology& topo);
+  // Whether the survivors shrink the previous round's NCCL communicator, and how (the
+  // previous ranks left out, where each rank lands): agreed over the Gloo communicator, so
+  // every member decides the same. ABORTED when a peer is lost meanwhile.
+  struct NcclShrinkPlan {
+    bool shrink = false;
+    std::vector<int> exclude;
+    std::vector<int> rank_of;
+  };
+  StatusOr<NcclShrinkPlan> AgreeNcclShrink();
 
   WorkerOptions env_;
   AgentOptions options_;
@@ -129,22 +150,22 @@ class Agent {
   Mutex comm_mu_;  // guards replacing comm_ against Abort from the Watch thread
   // The round's store, kept while its communicator lives (its pairs may connect at their
   // first use); declared before comm_, so it goes after it.
-  std::unique_ptr<worker_agent::RoundStore> round_store_;
+  std::unique_ptr<RoundStore> round_store_;
   // The current round's communicator, installed before it connects; replaced with comm_mu_
   // held. Not ELASTIC_GUARDED_BY: the training thread, its only writer, reads it without the
   // lock.
-  std::unique_ptr<worker_agent::GlooCommunicator> comm_;
+  std::unique_ptr<RoundCommunicator> comm_;
   int64_t comm_round_ ELASTIC_GUARDED_BY(comm_mu_) = -1;  // the round comm_ belongs to
   // The round whose communicator is connecting now (-1: none). A fence of that round ends the
   // connect: no step was taken in it, so nothing is lost by leaving it.
   int64_t connecting_round_ ELASTIC_GUARDED_BY(comm_mu_) = -1;
   Backend backend_ = Backend::kGloo;
   bool spare_ = false;  // ELASTIC_SPARE=1: a warm spare, joining without a deadline
-  std::shared_ptr<worker_agent::NcclApi> nccl_api_;  // when backend_ is kNccl
+  std::shared_ptr<NcclApi> nccl_api_;  // when backend_ is kNccl
   // The NCCL communicator of nccl_round_ (replaced under comm_mu_), and while the next one is
   // built, the previous one (its shrink parent).
-  std::unique_ptr<worker_agent::NcclCommunicator> nccl_;
-  std::unique_ptr<worker_agent::NcclCommunicator> nccl_parent_;
+  std::unique_ptr<NcclCommunicator> nccl_;
+  std::unique_ptr<NcclCommunicator> nccl_parent_;
   int64_t nccl_round_ = -1;
   int64_t last_nccl_round_ = -1;  // the round whose NCCL communicator last connected
   std::thread watch_;
@@ -157,16 +178,9 @@ class Agent {
       ELASTIC_GUARDED_BY(report_mu_);  // newest unsent commit
 };
 
-// The process-wide agent: created and joined to round 0 on first call (like Python's
-// elastic.init(), docs/python.md). Prints a clear message and exits 2 when not run under
-// elastic-run.
-Agent& Init(AgentOptions options = {});
+// The process-wide agent (elastic::Init() returns it): created and joined to round 0 on first
+// call (like Python's elastic.init(), docs/python.md). Prints a clear message and exits 2 when
+// not run under elastic-run. `options` count on the first call only.
+AgentImpl& InitAgent(AgentOptions options = {});
 
-// Runs `train` until it returns, recovering from membership changes (docs/architecture.md,
-// "Recovery"): a lost peer (WorkerLostError) rolls `state` back to its last commit; an announced
-// change (HostsUpdated, raised by state.Commit()) re-forms at that commit. After each new round the
-// state is Reset() for the new rank and size, and synced from rank 0 when the driver says a member
-// lacks the committed state. A worker the driver scales away exits 0.
-void Run(State& state, const std::function<void(State&)>& train, AgentOptions options = {});
-
-}  // namespace elastic
+}  // namespace elastic::worker_agent

@@ -169,14 +169,15 @@ ReduceOp Op(int code) {
   throw py::value_error("unknown reduce op " + std::to_string(code));
 }
 
-Communicator& Comm() { return Init().comm(); }
+Communicator& Comm() { return worker_agent::InitAgent().comm(); }
 
 // The NCCL communicator, collectives on `stream` (the caller's current torch stream).
 worker_agent::NcclCommunicator& DeviceComm(uintptr_t stream) {
-  worker_agent::NcclCommunicator* c = Init().device_comm();
+  worker_agent::NcclCommunicator* c = worker_agent::InitAgent().device_comm();
   if (!c) {
     throw std::invalid_argument(std::string("a CUDA tensor, but this worker's backend is ") +
-                                BackendName(Init().backend()) + " (elastic-run --backend nccl)");
+                                BackendName(worker_agent::InitAgent().backend()) +
+                                " (elastic-run --backend nccl)");
   }
   c->set_stream(reinterpret_cast<void*>(stream));
   return *c;
@@ -208,10 +209,10 @@ PYBIND11_MODULE(_elastic, m) {
   m.attr("DTYPES") = dtypes;
   m.attr("REDUCE_OPS") = ops;
   m.def(
-      "init", [] { Init(); }, py::call_guard<py::gil_scoped_release>(),
+      "init", [] { worker_agent::InitAgent(); }, py::call_guard<py::gil_scoped_release>(),
       "Joins the job (round 0) and builds the communicator; idempotent.");
   m.def("assignment", [] {
-    const auto& a = Init().assignment();
+    const auto& a = worker_agent::InitAgent().assignment();
     py::dict d;
     d["round"] = a.round;
     d["rank"] = a.rank;
@@ -223,12 +224,13 @@ PYBIND11_MODULE(_elastic, m) {
     d["sync_required"] = a.sync_required;
     return d;
   });
-  m.def("slot", [] { return Init().env().slot; });
+  m.def("slot", [] { return worker_agent::InitAgent().env().slot; });
   m.def(
-      "report_leaving", [](const std::string& why) { Init().ReportLeaving(why); },
+      "report_leaving",
+      [](const std::string& why) { worker_agent::InitAgent().ReportLeaving(why); },
       py::call_guard<py::gil_scoped_release>());
   m.def(
-      "check_host_updates", [] { Init().CheckHostUpdates(); },
+      "check_host_updates", [] { worker_agent::InitAgent().CheckHostUpdates(); },
       py::call_guard<py::gil_scoped_release>());
 
   m.def(
@@ -267,9 +269,9 @@ PYBIND11_MODULE(_elastic, m) {
   m.def(
       "barrier", [] { Comm().Barrier(); }, py::call_guard<py::gil_scoped_release>());
 
-  m.def("backend", [] { return std::string(BackendName(Init().backend())); });
+  m.def("backend", [] { return std::string(BackendName(worker_agent::InitAgent().backend())); });
   m.def("device", [] {
-    worker_agent::NcclCommunicator* c = Init().device_comm();
+    worker_agent::NcclCommunicator* c = worker_agent::InitAgent().device_comm();
     return c ? c->device() : -1;
   });
   m.def(

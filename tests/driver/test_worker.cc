@@ -124,7 +124,7 @@ int Collectives(Communicator& c) {
 
 // Prints "lost detected rank R", then, as elastic::Run would, re-forms with the survivors and
 // finishes.
-int ReformAfterLoss(Agent& agent, int rank, const WorkerLostError& e) {
+int ReformAfterLoss(worker_agent::AgentImpl& agent, int rank, const WorkerLostError& e) {
   std::printf("lost detected rank %d: %s\n", rank, e.what());
   std::fflush(stdout);
   auto joined = agent.JoinNextRound(0);
@@ -133,7 +133,7 @@ int ReformAfterLoss(Agent& agent, int rank, const WorkerLostError& e) {
   return 0;
 }
 
-int Lost(Agent& agent) {
+int Lost(worker_agent::AgentImpl& agent) {
   Communicator& c = agent.comm();
   std::vector<float> v(1 << 16, 1.0f);
   try {
@@ -161,7 +161,7 @@ int Lost(Agent& agent) {
 
 // Every rank allreduces 64 MiB in a loop (a test stops and then kills one of them); a survivor
 // prints "lost detected rank R", re-forms and finishes.
-int Big(Agent& agent) {
+int Big(worker_agent::AgentImpl& agent) {
   Communicator& c = agent.comm();
   std::vector<float> v(16 << 20, 1.0f);
   try {
@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  Agent& agent = Init();
+  worker_agent::AgentImpl& agent = worker_agent::InitAgent();
   if (mode == "collectives") return Collectives(agent.comm());
   if (mode == "exit") {
     int code = std::atoi(argv[2]);

@@ -648,7 +648,7 @@ struct AgentJob {
   FakeWorld w;
   rendezvous::Core core{rendezvous::CoreOptions{}};
   std::unique_ptr<rendezvous::Server> server;
-  std::map<std::string, std::unique_ptr<Agent>> agents;
+  std::map<std::string, std::unique_ptr<worker_agent::AgentImpl>> agents;
   AgentJob() {
     w.devices = 8;
     rendezvous::ServerOptions so;
@@ -656,18 +656,18 @@ struct AgentJob {
     so.token = "t0ken";
     server = std::move(rendezvous::Server::Start(&core, so)).value();
   }
-  Agent& Add(const std::string& slot, bool nccl_shrink = true) {
+  worker_agent::AgentImpl& Add(const std::string& slot, bool nccl_shrink = true) {
     WorkerOptions env;
     env.nccl_shrink = nccl_shrink;
     env.driver_addr = "127.0.0.1:" + std::to_string(server->port());
     env.token = "t0ken";
     env.slot = slot;
     env.hostname = slot.substr(0, slot.find(':'));
-    AgentOptions o;
+    worker_agent::AgentOptions o;
     o.backend = Backend::kNccl;
     o.nccl_api = std::make_shared<FakeNccl>(&w);
     o.nccl.init_timeout = 10s;
-    auto a = Agent::Create(env, o);
+    auto a = worker_agent::AgentImpl::Create(env, o);
     REQUIRE(a.ok());
     return *(agents[slot] = std::move(a).value());
   }
