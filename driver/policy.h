@@ -20,6 +20,7 @@
 #include "discovery/discovery.h"
 #include "driver/driver.h"
 #include "driver/event_log.h"
+#include "driver/hang.h"
 #include "driver/plan.h"
 #include "driver/policy_state.h"
 #include "rendezvous/types.h"
@@ -227,9 +228,10 @@ class Policy {
   void LoseWorker(Worker& w, const std::string& what);
   // Names a hung or silent worker, dumps its stacks, kills it and loses it.
   void DeclareHung(Worker& w, const std::string& why);
-  // The formed round made no progress for the hang timeout: finds who holds it up.
+  // The formed round made no progress for the hang timeout: finds who holds it up
+  // (FindHang, driver/hang.h), names and kills them, or re-forms a round that is stuck whole.
   void CheckHang();
-  Duration HangTimeout() const;
+  Duration HangTimeout() const;  // driver/hang.h's, with --hang-timeout
   // Starts the slot's worker for rank `rank` of the newest proposed round, or as a warm spare.
   void Launch(Worker& w, int rank, bool spare = false);
   // Starts warm spares on free slots (not in `plan`, no process) until --spares run, and stops
@@ -263,16 +265,8 @@ class Policy {
   std::set<std::string> StateKeepers() const;
   // The planner's view of the hosts (`available` of them) and of the workers.
   PlanInput MakePlanInput(std::vector<discovery::HostSlots> available) const;
-  // The formed round's progress: its last commit or collective started (or its forming), and
-  // how long it may go without (the hang timeout, doubled before its first commit).
-  struct RoundProgress {
-    TimePoint at{};
-    bool committed = false;
-    Duration limit{};
-  };
+  // The formed round's progress (driver/hang.h).
   RoundProgress CurrentProgress() const;
-  // A member with no report for this long is silent (heartbeats come every second).
-  static constexpr Duration kSilence = std::chrono::seconds(2);
   // A spare not connected this long after its start is taken to be stopped or hung (one that
   // is still starting is as good as a new process, or better).
   static constexpr Duration kSpareStart = std::chrono::seconds(10);

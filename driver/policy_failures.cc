@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "driver/failures.h"
 #include "driver/plan.h"
 #include "driver/policy.h"
 #include "driver/stragglers.h"
@@ -143,15 +144,10 @@ void Policy::OnMemberFailed(Worker& w, const std::string& rank, int code, const 
 }
 
 bool Policy::EndIfNoWorkerStarted(const Worker& last, const std::string& what) {
-  if (s_.shutting_down || !d_.elastic || s_.started || !last.start_failed) return false;
+  if (s_.shutting_down || !d_.elastic || !last.start_failed) return false;
   if (d_.max_failures >= 0 || d_.reset_limit >= 0) return false;
-  int failed = 0;
-  for (const auto& [slot, w] : s_.workers) {
-    if (w.running) return false;                 // one may still start
-    if (w.launched_at == TimePoint{}) continue;  // never launched
-    if (!w.start_failed) return false;
-    ++failed;
-  }
+  const int failed = EveryStartFailed(s_);
+  if (failed == 0) return false;
   Event("round_failed",
         {{"round", s_.round}, {"size", int64_t(failed)}, {"slot", last.slot}, {"message", what}});
   Terminate(1, fmt::format("every worker started so far ({}) exited before it connected to the "
@@ -164,23 +160,9 @@ bool Policy::EndIfNoWorkerStarted(const Worker& last, const std::string& what) {
 }
 
 bool Policy::EndIfEveryMemberFailed() {
-  if (s_.shutting_down || !d_.elastic || s_.formed < 0 || s_.formed_members.empty()) return false;
+  if (s_.shutting_down || !d_.elastic) return false;
   if (d_.max_failures >= 0 || d_.reset_limit >= 0) return false;
-  for (const auto& slot : s_.formed_members) {
-    auto it = s_.workers.find(slot);
-    if (it == s_.workers.end() || it->second.failed_round != s_.formed) return false;
-  }
-  // The first of them to report, for the message.
-  const Worker* first = nullptr;
-  for (const auto& slot : s_.failure_order) {
-    auto it = s_.workers.find(slot);
-    if (it != s_.workers.end() && it->second.failed_round == s_.formed &&
-        std::find(s_.formed_members.begin(), s_.formed_members.end(), slot) !=
-            s_.formed_members.end()) {
-      first = &it->second;
-      break;
-    }
-  }
+  const Worker* first = EveryMemberFailed(s_);
   if (first == nullptr) return false;
   std::string message = first->failure;
   if (message.size() > 2000) message = message.substr(0, 2000) + "...";
@@ -221,7 +203,7 @@ void Policy::LoseWorker(Worker& w, const std::string& what) {
 }
 
 bool Policy::EndIfTooManyFailures(const std::string& what) {
-  if (d_.max_failures < 0 || s_.failures <= d_.max_failures) return false;
+  if (!OverFailureBudget(s_.failures, d_.max_failures)) return false;
   Terminate(1,
             what + "; too many failures (--max-failures " + std::to_string(d_.max_failures) + ")");
   return true;
@@ -235,8 +217,7 @@ bool Policy::CountNewcomerFailure(const Worker& w, const std::string& what) {
 }
 
 void Policy::RecordHostFailure(const Worker& w, int64_t round, const std::string& what) {
-  auto it = s_.incident_round.find(w.host);
-  if (it != s_.incident_round.end() && round <= it->second) return;  // the same incident
+  if (!NewIncident(s_, w.host, round)) return;  // the same incident
   s_.incident_round[w.host] = round;
   if (!hosts_.RecordFailure(w.host)) return;
   bool forever = hosts_.LastCooldown() == Duration::max();

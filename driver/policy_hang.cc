@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "driver/hang.h"
 #include "driver/plan.h"
 #include "driver/policy.h"
 #include "driver/stragglers.h"
@@ -16,82 +17,32 @@ namespace elastic::driver {
 using rendezvous::Assignment;
 using rendezvous::EventKind;
 
-Policy::RoundProgress Policy::CurrentProgress() const {
-  RoundProgress p;
-  p.at = s_.formed_at;
-  for (const auto& slot : s_.formed_members) {
-    const Worker& w = s_.workers.at(slot);
-    if (w.commit_at >= s_.formed_at && w.commit_at != TimePoint{}) p.committed = true;
-    p.at = std::max({p.at, w.commit_at, w.moved_at});
-  }
-  p.limit = HangTimeout() * (p.committed ? 1 : 2);
-  return p;
-}
+RoundProgress Policy::CurrentProgress() const { return ProgressOf(s_, HangTimeout()); }
 
 Duration Policy::HangTimeout() const {
-  if (d_.hang_timeout > Duration::zero()) return d_.hang_timeout;
-  if (s_.longest_interval == Duration::zero()) return std::chrono::seconds(300);
-  return std::max<Duration>(std::chrono::seconds(60), 10 * s_.longest_interval);
+  return driver::HangTimeout(d_.hang_timeout, s_.longest_interval);
 }
 
 void Policy::CheckHang() {
-  if (s_.shutting_down || s_.finishing || !s_.started || s_.round != s_.formed) return;
-  TimePoint now = Now();
-  const RoundProgress p = CurrentProgress();
-  const TimePoint progress = p.at;
-  const bool committed = p.committed;
-  const Duration limit = p.limit;
-  if (now - progress < limit) return;
-  // Who holds the round up: a member that has gone silent; else one that is not in a
-  // collective while others wait in one; else those that started fewer collectives.
-  std::vector<Worker*> silent, idle, behind, all;
-  int64_t most = 0;
-  for (const auto& slot : s_.formed_members) {
-    Worker& w = s_.workers.at(slot);
-    bool current = w.heard_round == s_.formed;
-    all.push_back(&w);
-    if (now - w.heard_at > kSilence) {
-      silent.push_back(&w);
-    } else if (!current || !w.in_collective) {
-      idle.push_back(&w);
-    }
-    most = std::max(most, current ? w.collectives : 0);
-  }
-  for (Worker* w : all) {
-    if ((w->heard_round == s_.formed ? w->collectives : 0) < most) behind.push_back(w);
-  }
-  std::vector<Worker*> culprits;
-  std::string why;
-  if (!silent.empty()) {
-    culprits = silent;
-    why = "is silent (no report for over 2 s)";
-  } else if (!idle.empty() && idle.size() < all.size()) {
-    culprits = idle;
-    why = "is not in a collective while its peers wait in one";
-  } else if (!behind.empty()) {
-    culprits = behind;
-    why = "started fewer collectives than its peers";
-  }
+  const HangVerdict v = FindHang(s_, Now(), HangTimeout());
+  if (v.kind == HangVerdict::kNone || v.kind == HangVerdict::kWaiting) return;
   std::string span =
       fmt::format("round {} made no progress for {:.1f} s (--hang-timeout {:.0f} s{})", s_.formed,
-                  Secs(now - progress), Secs(HangTimeout()),
-                  committed ? "" : ", doubled before the round's first commit");
-  if (culprits.empty()) {
-    // No member stands out yet. A stopped one goes silent within a few seconds: wait for that
-    // before deciding that the whole round hangs.
-    if (now - progress < limit + std::chrono::seconds(3)) return;
+                  Secs(v.stalled), Secs(HangTimeout()),
+                  v.progress.committed ? "" : ", doubled before the round's first commit");
+  if (v.kind == HangVerdict::kRoundHung) {
     // No member stands out (all wait in the same collective): the round is re-formed.
     Log(Action::kWarn, span + "; no member stands out; aborting the round and re-forming");
-    Event("round_hung", {{"round", s_.formed}, {"seconds", Secs(now - progress)}});
+    Event("round_hung", {{"round", s_.formed}, {"seconds", Secs(v.stalled)}});
     AbortRound("", span);
-    s_.formed_at = now;
+    s_.formed_at = Now();
     s_.round_broken = true;
     Replan("round " + std::to_string(s_.formed) + " hung");
     return;
   }
-  for (Worker* w : culprits) {
+  for (const std::string& slot : v.culprits) {
     if (s_.shutting_down) break;
-    DeclareHung(*w, why + "; " + span);
+    DeclareHung(s_.workers.at(slot), v.why + "; " + span);
   }
 }
 
