@@ -31,7 +31,9 @@
 #include "common/test_hook.h"
 #include "common/thread_pool.h"
 #include "worker_agent/gloo_device.h"
+#include "worker_agent/hierarchical.h"
 #include "worker_agent/reduce.h"
+#include "worker_agent/shm_communicator.h"
 #include "worker_agent/shm_group.h"
 
 namespace elastic::worker_agent {
@@ -199,7 +201,8 @@ GlooCommunicator::~GlooCommunicator() {
   pairs_.reset();
   ReleaseDevice(std::move(device));
   // Nothing of this process uses the segment any more: the next round may reuse it.
-  if (!abandoned && shm_ && options_.shm_keeper) options_.shm_keeper->Keep(std::move(shm_));
+  std::unique_ptr<ShmGroup> group = host_ ? host_->Release() : std::move(shm_);
+  if (!abandoned && group && options_.shm_keeper) options_.shm_keeper->Keep(std::move(group));
 }
 
 namespace {
@@ -531,7 +534,8 @@ void GlooCommunicator::Inline(const char* what, const std::function<void()>& fn)
   } catch (const gloo::Exception& e) {
     throw lost(std::string("failed, a peer is gone: ") + e.what());
   } catch (const WorkerLostError& e) {
-    if (shm_) shm_->Abort();  // the local ranks waiting for this one stop waiting
+    // The local ranks waiting for this one stop waiting.
+    if (host_) host_->AbortGroup();
     const std::string why = e.what();
     if (why.rfind(what, 0) == 0) throw;  // named already (the cross-host communicator's)
     throw lost(why);
@@ -545,7 +549,10 @@ void GlooCommunicator::Allreduce(void* data, size_t count, DataType dtype, Reduc
     // On the caller's thread: every wait in it ends at an abort by itself (the host's barrier
     // wakes, the cross-host communicator has its own Guard), so the two thread switches of
     // the executor would buy nothing.
-    Inline("allreduce", [&] { HierarchicalAllreduce(data, count, dtype, op); });
+    Inline("allreduce", [&] {
+      HierarchicalAllreduce(topo_, host_.get(), cross_.get(), chunk_bytes_,
+                            options_.collective_timeout, data, count, dtype, op);
+    });
     return;
   }
   Guard("allreduce", [&] {
@@ -595,7 +602,7 @@ void GlooCommunicator::Broadcast(void* data, size_t bytes, int root) {
   }
   if (bytes == 0 || topo_.size == 1) return;
   if (shm_collectives()) {
-    Inline("broadcast", [&] { ShmBroadcast(static_cast<char*>(data), bytes, root); });
+    Inline("broadcast", [&] { host_->Broadcast(data, bytes, root); });
     return;
   }
   RequirePairs("broadcast");
@@ -616,7 +623,7 @@ std::vector<std::vector<char>> GlooCommunicator::Allgather(const void* data, siz
     return out;
   }
   if (shm_collectives()) {
-    Inline("allgather", [&] { out = ShmAllgather(static_cast<const char*>(data), bytes); });
+    Inline("allgather", [&] { out = host_->Allgather(data, bytes); });
     return out;
   }
   RequirePairs("allgather");
@@ -655,8 +662,7 @@ std::vector<std::vector<char>> GlooCommunicator::Allgather(const void* data, siz
 void GlooCommunicator::Barrier() {
   if (topo_.size == 1) return;
   if (shm_collectives()) {
-    Inline("barrier",
-           [&] { shm_->Barrier(aborted_, SteadyClock::now() + options_.collective_timeout); });
+    Inline("barrier", [&] { host_->Barrier(); });
     return;
   }
   RequirePairs("barrier");
@@ -672,7 +678,8 @@ void GlooCommunicator::Abort() {
   aborted_.store(true);
   {
     MutexLock g(abort_mu_);
-    if (shm_) shm_->Abort();
+    if (host_) host_->Abort();
+    if (shm_) shm_->Abort();  // still connecting: the segment, not yet the host's communicator
     if (cross_) cross_->Abort();
     try {
       Signal(pairs_, "aborted: a peer of this round is gone");

@@ -26,6 +26,7 @@ class Context;
 namespace elastic::worker_agent {
 
 class AbortableContext;
+class ShmCommunicator;
 class ShmGroup;
 class ShmKeeper;
 
@@ -102,7 +103,7 @@ class GlooCommunicator : public CommunicatorBase<RoundCommunicator> {
   // Whether broadcast, allgather and barrier go through the host's shared memory too (every
   // rank on one host with the hierarchical allreduce; ELASTIC_SHM_COLLECTIVES=0 turns it off):
   // such a round never connects its Gloo pairs.
-  bool shm_collectives() const { return hier_ && shm_ && topo_.cross_size == 1 && shm_flat_; }
+  bool shm_collectives() const { return hier_ && host_ && topo_.cross_size == 1 && shm_flat_; }
   // Whether the pairs are connected (on one host with shared memory and shm_collectives()
   // off: after the first broadcast, allgather or barrier).
   bool pairs_connected() const { return pairs_connected_; }
@@ -132,6 +133,9 @@ class GlooCommunicator : public CommunicatorBase<RoundCommunicator> {
   Status PlanShm(RoundStore* store, ShmPlan* plan);
   Status ConnectPairs(RoundStore* store, const std::string& extra_key, std::string* extra_value);
   Status SetUpHierarchy(RoundStore* store, ShmPlan* plan);
+  // Local rank 0 of a round that spans hosts: the cross-host communicator among the hosts'
+  // local ranks 0 (keys "x/..." of the round's store).
+  Status ConnectCross(RoundStore* store);
   // After an agreement that found a rank new to its host's reused segment: the hosts that
   // offered one make a new segment (local rank 0) and map it (the others); installs it.
   Status ReplaceReusedSegment(RoundStore* store, const std::string& key, std::string* why);
@@ -153,11 +157,6 @@ class GlooCommunicator : public CommunicatorBase<RoundCommunicator> {
   // Runs `connect`, with an exception as UNAVAILABLE and any failure after Abort() as ABORTED.
   Status Attempt(const std::function<Status()>& connect);
   void RequirePairs(const char* what);
-  // Allreduce through the host's shared memory and the cross-host ring (hier_).
-  void HierarchicalAllreduce(void* data, size_t count, DataType dtype, ReduceOp op);
-  // Broadcast, allgather and barrier through the segment (shm_collectives()).
-  void ShmBroadcast(char* data, size_t bytes, int root);
-  std::vector<std::vector<char>> ShmAllgather(const char* data, size_t bytes);
   // Runs a Gloo collective on the executor thread and waits for it or for Abort(). Gloo leaves
   // some waits unwoken when a pair fails (an unbound send queued on a pair that broke): they
   // would last the whole collective timeout. After Abort() every pair is closed, so such a
@@ -181,9 +180,13 @@ class GlooCommunicator : public CommunicatorBase<RoundCommunicator> {
   std::shared_ptr<void> pairs_ ELASTIC_GUARDED_BY(abort_mu_);
   std::vector<int> peers_;          // the ranks this rank has a pair with, once connected
   std::shared_ptr<Executor> exec_;  // started on the first collective
-  // The hierarchical allreduce; set while connecting, under abort_mu_.
-  std::unique_ptr<ShmGroup> shm_;               // when this host has several ranks
-  std::unique_ptr<GlooCommunicator> cross_;     // local rank 0, when there are several hosts
+  // The hierarchical allreduce (worker_agent/hierarchical.h), set while connecting, under
+  // abort_mu_: the host's segment while the round agrees on it, then the host's ranks as a
+  // communicator of their own (when this host has several), and the cross-host communicator
+  // (local rank 0, when there are several hosts).
+  std::unique_ptr<ShmGroup> shm_;
+  std::unique_ptr<ShmCommunicator> host_;
+  std::unique_ptr<GlooCommunicator> cross_;
   bool hier_ = false;
   bool shm_flat_ = true;  // ELASTIC_SHM_COLLECTIVES is not 0
   // One host, shared memory: the pairs connect at their first use, through this store (the
@@ -191,7 +194,6 @@ class GlooCommunicator : public CommunicatorBase<RoundCommunicator> {
   RoundStore* lazy_store_ = nullptr;
   bool pairs_connected_ = false;
   size_t chunk_bytes_ = 0;  // elements cut into chunks of this many bytes (every rank the same)
-  uint64_t chunks_ = 0;  // chunks reduced so far: which half of the segment is next
 };
 
 }  // namespace elastic::worker_agent

@@ -1,6 +1,7 @@
-// GlooCommunicator's shared-memory host group: the plan each round agrees on (which hosts
-// map a segment, reused or new), and the collectives through it (the hierarchical allreduce,
-// broadcast and allgather of one host). The rest of the communicator is in
+// GlooCommunicator's shared-memory host group while a round connects: the plan each round
+// agrees on (which hosts map a segment, reused or new), and the ShmCommunicator and cross-host
+// communicator it ends with (the collectives through them are worker_agent/shm_communicator.cc
+// and worker_agent/hierarchical.cc). The rest of the communicator is in
 // worker_agent/gloo_communicator.cc.
 #include <spdlog/spdlog.h>
 
@@ -10,7 +11,7 @@
 #include "common/mutex.h"
 #include "common/test_hook.h"
 #include "worker_agent/gloo_communicator.h"
-#include "worker_agent/reduce.h"
+#include "worker_agent/shm_communicator.h"
 #include "worker_agent/shm_group.h"
 
 namespace elastic::worker_agent {
@@ -46,7 +47,9 @@ class PrefixStore : public RoundStore {
 
 }  // namespace
 
-uint64_t GlooCommunicator::shm_token() const { return shm_ ? shm_->token() : 0; }
+uint64_t GlooCommunicator::shm_token() const {
+  return host_ ? host_->token() : shm_ ? shm_->token() : 0;
+}
 
 std::string GlooCommunicator::NewSegment(std::unique_ptr<ShmGroup>* group,
                                          std::string* why) const {
@@ -157,20 +160,7 @@ Status GlooCommunicator::SetUpHierarchy(RoundStore* store, ShmPlan* plan) {
     shm_.reset();
     return Status::Ok();
   }
-  if (topo_.local_rank == 0 && topo_.cross_size > 1) {
-    GlooOptions cross_options = options_;
-    cross_options.shm = false;
-    Topology cross{topo_.cross_rank, topo_.cross_size, 0, 1, topo_.cross_rank, topo_.cross_size};
-    ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> made, New(cross, cross_options));
-    GlooCommunicator* c = made.get();
-    {
-      MutexLock g(abort_mu_);
-      cross_ = std::move(made);
-      if (aborted_.load()) cross_->Abort();
-    }
-    PrefixStore prefixed(store, "x/");
-    RETURN_IF_ERROR(c->Connect(&prefixed));
-  }
+  if (topo_.local_rank == 0 && topo_.cross_size > 1) RETURN_IF_ERROR(ConnectCross(store));
   hier_ = true;
   if (topo_.local_rank == 0 && topo_.local_size > 1) {
     spdlog::debug("rank {}: shared-memory segment {:x} for {} local ranks: {}", topo_.rank,
@@ -179,7 +169,29 @@ Status GlooCommunicator::SetUpHierarchy(RoundStore* store, ShmPlan* plan) {
                   : replaced           ? "new (a rank was new to some host's kept one)"
                                        : "new");
   }
+  if (shm_) {
+    // The host's ranks from now on: a communicator of their own over the segment.
+    MutexLock g(abort_mu_);
+    host_ = std::make_unique<ShmCommunicator>(topo_, std::move(shm_), chunk_bytes_,
+                                              options_.collective_timeout);
+    if (aborted_.load()) host_->Abort();
+  }
   return Status::Ok();
+}
+
+Status GlooCommunicator::ConnectCross(RoundStore* store) {
+  GlooOptions cross_options = options_;
+  cross_options.shm = false;
+  Topology cross{topo_.cross_rank, topo_.cross_size, 0, 1, topo_.cross_rank, topo_.cross_size};
+  ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> made, New(cross, cross_options));
+  GlooCommunicator* c = made.get();
+  {
+    MutexLock g(abort_mu_);
+    cross_ = std::move(made);
+    if (aborted_.load()) cross_->Abort();
+  }
+  PrefixStore prefixed(store, "x/");
+  return c->Connect(&prefixed);
 }
 
 Status GlooCommunicator::ReplaceReusedSegment(RoundStore* store, const std::string& key,
@@ -199,155 +211,6 @@ Status GlooCommunicator::ReplaceReusedSegment(RoundStore* store, const std::stri
   if (aborted_.load()) return Aborted("the communicator was aborted while connecting");
   shm_ = std::move(group);
   return Status::Ok();
-}
-
-void GlooCommunicator::HierarchicalAllreduce(void* data, size_t count, DataType dtype,
-                                             ReduceOp op) {
-  // The cross-host ring sums; the average divides once, by the whole size, at the end.
-  const ReduceOp cross_op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-  const size_t es = DataTypeSize(dtype);
-  const size_t chunk = chunk_bytes_ / es;
-  if (!shm_) {
-    // The only rank of its host: straight into the cross-host ring, in the same chunks as
-    // the other hosts.
-    char* bytes = static_cast<char*>(data);
-    for (size_t off = 0; off < count; off += chunk) {
-      cross_->Allreduce(bytes + off * es, std::min(chunk, count - off), dtype, cross_op);
-    }
-  } else {
-    const TimePoint deadline = SteadyClock::now() + options_.collective_timeout;
-    const int local_size = shm_->local_size(), me = shm_->local_rank();
-    const bool cross_phase = topo_.cross_size > 1;
-    // Local rank r reduces slice r of each chunk (whole cache lines), reading its own
-    // slice from its own buffer: that slice is never copied in. The result goes to slot 0
-    // of the half (slice 0 there is free: rank 0 never copies it in), where the cross-host
-    // ring finds it whole.
-    const size_t line = std::max<size_t>(1, 64 / es);
-    const auto fn = ReduceFunc(dtype, cross_op);
-    char* bytes = static_cast<char*>(data);
-    // The reduction runs a block at a time in a buffer that stays in the L1 cache: each
-    // input is read once, the result written once.
-    constexpr size_t kBlockBytes = 16 << 10;
-    alignas(64) char acc[kBlockBytes];
-    const size_t block = kBlockBytes / es;
-    for (size_t off = 0; off < count; off += chunk) {
-      const size_t n = std::min(chunk, count - off);
-      const int half = static_cast<int>(chunks_++ & 1);
-      char* mine = bytes + off * es;
-      const size_t per = ((n + local_size - 1) / local_size + line - 1) / line * line;
-      auto slice = [&](int r) {
-        size_t b = std::min(n, per * r);
-        return std::make_pair(b, std::min(n, b + per));
-      };
-      auto [b, e] = slice(me);
-      // Copy in everything but this rank's own slice.
-      std::memcpy(shm_->slot(half, me), mine, b * es);
-      std::memcpy(shm_->slot(half, me) + e * es, mine + e * es, (n - e) * es);
-      shm_->Barrier(aborted_, deadline);
-      TestHook("shm_reduce", static_cast<int64_t>(chunks_ - 1));
-      char* out = shm_->slot(half, 0);
-      for (size_t k = b; k < e; k += block) {
-        const size_t m = std::min(block, e - k);
-        auto input = [&](int r) { return r == me ? mine + k * es : shm_->slot(half, r) + k * es; };
-        std::memcpy(acc, input(0), m * es);
-        for (int r = 1; r < local_size; ++r) fn(acc, acc, input(r), m);
-        // One host: the average is made here, while the block is in the cache, rather than
-        // in a pass of its own over the whole result afterwards.
-        if (!cross_phase && op == ReduceOp::kAvg) DivideAll(acc, m, dtype, topo_.size);
-        std::memcpy(out + k * es, acc, m * es);
-        if (!cross_phase) std::memcpy(mine + k * es, acc, m * es);
-      }
-      shm_->Barrier(aborted_, deadline);
-      if (cross_phase) {
-        if (cross_) cross_->Allreduce(out, n, dtype, cross_op);
-        shm_->Barrier(aborted_, deadline);
-        std::memcpy(mine, out, n * es);
-      } else {
-        // Copy out the others' slices (this rank's own is in place already).
-        std::memcpy(mine, out, b * es);
-        std::memcpy(mine + e * es, out + e * es, (n - e) * es);
-      }
-      // The next chunk uses the other half: no barrier is needed after the copy-out.
-    }
-    if (!cross_phase) return;  // averaged block by block above
-  }
-  if (op == ReduceOp::kAvg) DivideAll(data, count, dtype, topo_.size);
-}
-
-// Every rank is on this host: the data goes through the segment in chunks of a half (all its
-// slots), alternating halves as the allreduce does, so a chunk needs one barrier (between the
-// copy in and the copies out) and none after: the half a rank still reads from is written
-// again only two chunks later, after a barrier that rank has not reached yet.
-void GlooCommunicator::ShmBroadcast(char* data, size_t bytes, int root) {
-  const TimePoint deadline = SteadyClock::now() + options_.collective_timeout;
-  const size_t cap = shm_->half_bytes();
-  for (size_t off = 0; off < bytes; off += cap) {
-    const size_t n = std::min(cap, bytes - off);
-    const int half = static_cast<int>(chunks_++ & 1);
-    char* buf = shm_->slot(half, 0);
-    if (topo_.rank == root) std::memcpy(buf, data + off, n);
-    TestHook("shm_broadcast", static_cast<int64_t>(off / cap));
-    shm_->Barrier(aborted_, deadline);
-    if (topo_.rank != root) std::memcpy(data + off, buf, n);
-  }
-}
-
-// Each rank writes its part into its own slot, a slot at a time (the first chunk starts with
-// its rank and size), and reads everyone's after the chunk's barrier; halves alternate as in
-// ShmBroadcast. Ranks may give different sizes: the chunks go on until the largest is whole.
-std::vector<std::vector<char>> GlooCommunicator::ShmAllgather(const char* data, size_t bytes) {
-  struct Head {
-    int64_t rank;
-    int64_t bytes;
-  };
-  std::vector<std::vector<char>> out(topo_.size);
-  const TimePoint deadline = SteadyClock::now() + options_.collective_timeout;
-  const int local_size = shm_->local_size(), me = shm_->local_rank();
-  const size_t slot = shm_->slot_bytes(), first = slot - sizeof(Head);
-  std::vector<int> rank_of(local_size, -1);
-  size_t chunks = 1;
-  for (size_t j = 0; j < chunks; ++j) {
-    const int half = static_cast<int>(chunks_++ & 1);
-    // What of a part of `size` bytes chunk j holds: [begin, end), at `at` in the slot.
-    auto piece = [&](size_t size, size_t* begin, size_t* end) {
-      *begin = j == 0 ? 0 : first + (j - 1) * slot;
-      *end = std::min(size, j == 0 ? first : *begin + slot);
-      *begin = std::min(*begin, *end);
-      return j == 0 ? sizeof(Head) : 0;
-    };
-    char* mine = shm_->slot(half, me);
-    if (j == 0) {
-      Head h{topo_.rank, static_cast<int64_t>(bytes)};
-      std::memcpy(mine, &h, sizeof h);
-    }
-    size_t b, e;
-    size_t at = piece(bytes, &b, &e);
-    if (e > b) std::memcpy(mine + at, data + b, e - b);
-    TestHook("shm_allgather", static_cast<int64_t>(j));
-    shm_->Barrier(aborted_, deadline);
-    if (j == 0) {
-      size_t largest = 0;
-      for (int l = 0; l < local_size; ++l) {
-        Head h;
-        std::memcpy(&h, shm_->slot(half, l), sizeof h);
-        if (h.rank < 0 || h.rank >= topo_.size || h.bytes < 0 ||
-            std::count(rank_of.begin(), rank_of.end(), h.rank) > 0) {
-          throw WorkerLostError("allgather: local rank " + std::to_string(l) +
-                                " wrote a bad header (rank " + std::to_string(h.rank) + ")");
-        }
-        rank_of[l] = static_cast<int>(h.rank);
-        out[h.rank].resize(static_cast<size_t>(h.bytes));
-        largest = std::max(largest, static_cast<size_t>(h.bytes));
-      }
-      if (largest > first) chunks = 1 + (largest - first + slot - 1) / slot;
-    }
-    for (int l = 0; l < local_size; ++l) {
-      std::vector<char>& part = out[rank_of[l]];
-      at = piece(part.size(), &b, &e);
-      if (e > b) std::memcpy(part.data() + b, shm_->slot(half, l) + at, e - b);
-    }
-  }
-  return out;
 }
 
 }  // namespace elastic::worker_agent
