@@ -79,4 +79,25 @@ void ForEachFusionBucket(const std::vector<TensorView>& tensors, size_t cap,
   }
 }
 
+void AllreduceFused(const std::vector<TensorView>& tensors, size_t cap, const FusionOps& ops) {
+  ForEachFusionBucket(
+      tensors, cap, [&](const TensorView& t) { ops.allreduce(t.data, t.count, t.dtype); },
+      [&](size_t begin, size_t end, size_t bytes) {
+        const size_t esize = DataTypeSize(tensors[begin].dtype);
+        char* fusion = ops.buffer(bytes);
+        size_t off = 0;
+        for (size_t k = begin; k < end; ++k) {
+          ops.copy(fusion + off, tensors[k].data, tensors[k].count * esize);
+          off += tensors[k].count * esize;
+        }
+        ops.allreduce(fusion, bytes / esize, tensors[begin].dtype);
+        off = 0;
+        for (size_t k = begin; k < end; ++k) {
+          ops.copy(tensors[k].data, fusion + off, tensors[k].count * esize);
+          off += tensors[k].count * esize;
+        }
+        if (ops.after_bucket) ops.after_bucket();
+      });
+}
+
 }  // namespace elastic

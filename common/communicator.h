@@ -56,6 +56,20 @@ void ForEachFusionBucket(const std::vector<TensorView>& tensors, size_t cap,
                          const std::function<void(const TensorView&)>& alone,
                          const std::function<void(size_t begin, size_t end, size_t bytes)>& bucket);
 
+// What a communicator's AllreduceMany does through its fusion buffer, by AllreduceFused:
+// `allreduce` reduces in place; `buffer(bytes)` is the fusion buffer, at least that big;
+// `copy(dst, src, bytes)` copies to or from it; `after_bucket` (optional) runs after a bucket's
+// copies out.
+struct FusionOps {
+  std::function<void(void* data, size_t count, DataType dtype)> allreduce;
+  std::function<char*(size_t bytes)> buffer;
+  std::function<void(void* dst, const void* src, size_t bytes)> copy;
+  std::function<void()> after_bucket;
+};
+// AllreduceMany over ForEachFusionBucket: a tensor alone is reduced in place; a bucket is
+// copied into the buffer, reduced there in one call, and copied back out.
+void AllreduceFused(const std::vector<TensorView>& tensors, size_t cap, const FusionOps& ops);
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

@@ -479,8 +479,6 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(RoundStore*
   return comm;
 }
 
-// What the hang watch reads of a collective: one more started, when, and whether one runs
-// (until this goes out of scope).
 void GlooCommunicator::Guard(const char* what, std::function<void()> fn, Duration grace) {
   auto lost = [what](const std::string& why) {
     return WorkerLostError(std::string(what) + (why.empty() ? "" : ": ") + why);
@@ -576,24 +574,16 @@ void GlooCommunicator::Allreduce(void* data, size_t count, DataType dtype, Reduc
 }
 
 void GlooCommunicator::AllreduceMany(const std::vector<TensorView>& tensors, ReduceOp op) {
-  ForEachFusionBucket(
-      tensors, options_.fusion_bytes,
-      [&](const TensorView& t) { Allreduce(t.data, t.count, t.dtype, op); },
-      [&](size_t begin, size_t end, size_t bytes) {
-        const size_t esize = DataTypeSize(tensors[begin].dtype);
-        if (fusion_.size() < bytes) fusion_.resize(bytes);
-        size_t off = 0;
-        for (size_t k = begin; k < end; ++k) {
-          std::memcpy(fusion_.data() + off, tensors[k].data, tensors[k].count * esize);
-          off += tensors[k].count * esize;
-        }
-        Allreduce(fusion_.data(), bytes / esize, tensors[begin].dtype, op);
-        off = 0;
-        for (size_t k = begin; k < end; ++k) {
-          std::memcpy(tensors[k].data, fusion_.data() + off, tensors[k].count * esize);
-          off += tensors[k].count * esize;
-        }
-      });
+  FusionOps ops;
+  ops.allreduce = [&](void* data, size_t count, DataType dtype) {
+    Allreduce(data, count, dtype, op);
+  };
+  ops.buffer = [&](size_t bytes) {
+    if (fusion_.size() < bytes) fusion_.resize(bytes);
+    return fusion_.data();
+  };
+  ops.copy = [](void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); };
+  AllreduceFused(tensors, options_.fusion_bytes, ops);
 }
 
 void GlooCommunicator::Broadcast(void* data, size_t bytes, int root) {

@@ -91,8 +91,14 @@ class GlooCommunicator : public CommunicatorBase<RoundCommunicator> {
                                                             const GlooOptions& options);
   ~GlooCommunicator() override;
 
+  // Gloo's ring, or HierarchicalAllreduce (worker_agent/hierarchical.h) when some host has
+  // several ranks; on the caller's thread then, else on the executor thread.
   void Allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
+  // Buckets of up to GlooOptions::fusion_bytes through one fusion buffer (AllreduceFused).
   void AllreduceMany(const std::vector<TensorView>& tensors, ReduceOp op) override;
+  // Broadcast, allgather and barrier go to the host's ShmCommunicator when every rank is on
+  // one host (shm_collectives()), else over the pairs, connecting them at the first use when
+  // they wait for it.
   void Broadcast(void* data, size_t bytes, int root) override;
   std::vector<std::vector<char>> Allgather(const void* data, size_t bytes) override;
   void Barrier() override;

@@ -332,27 +332,19 @@ void NcclCommunicator::Allreduce(void* data, size_t count, DataType dtype, Reduc
 }
 
 void NcclCommunicator::AllreduceMany(const std::vector<TensorView>& tensors, ReduceOp op) {
-  ForEachFusionBucket(
-      tensors, options_.fusion_bytes,
-      [&](const TensorView& t) { Allreduce(t.data, t.count, t.dtype, op); },
-      [&](size_t begin, size_t end, size_t bytes) {
-        const size_t esize = DataTypeSize(tensors[begin].dtype);
-        char* fusion = static_cast<char*>(Grow(&fusion_, &fusion_size_, bytes, "fusion"));
-        auto copy = [&](bool in) {
-          size_t off = 0;
-          for (size_t k = begin; k < end; ++k) {
-            size_t n = tensors[k].count * esize;
-            Status s = in ? api_->MemcpyAsync(fusion + off, tensors[k].data, n, stream_)
-                          : api_->MemcpyAsync(tensors[k].data, fusion + off, n, stream_);
-            if (!s.ok()) throw std::runtime_error("NCCL fusion copy: " + s.message());
-            off += n;
-          }
-        };
-        copy(true);
-        Allreduce(fusion, bytes / esize, tensors[begin].dtype, op);
-        copy(false);
-        WaitStream("fusion copy-out");
-      });
+  FusionOps ops;
+  ops.allreduce = [&](void* data, size_t count, DataType dtype) {
+    Allreduce(data, count, dtype, op);
+  };
+  ops.buffer = [&](size_t bytes) {
+    return static_cast<char*>(Grow(&fusion_, &fusion_size_, bytes, "fusion"));
+  };
+  ops.copy = [&](void* dst, const void* src, size_t bytes) {
+    Status s = api_->MemcpyAsync(dst, src, bytes, stream_);
+    if (!s.ok()) throw std::runtime_error("NCCL fusion copy: " + s.message());
+  };
+  ops.after_bucket = [&] { WaitStream("fusion copy-out"); };
+  AllreduceFused(tensors, options_.fusion_bytes, ops);
 }
 
 void NcclCommunicator::Broadcast(void* data, size_t bytes, int root) {

@@ -33,6 +33,8 @@ class ShmCommunicator : public CommunicatorBase<> {
   // Every rank of the round on this host (cross_size 1), or a logic_error: the host's part of
   // a wider round is HierarchicalAllreduce's.
   void Allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
+  // A tensor at a time: the segment's chunks are the batching, a fusion buffer would add a
+  // copy.
   void AllreduceMany(const std::vector<TensorView>& tensors, ReduceOp op) override;
   void Broadcast(void* data, size_t bytes, int root) override;
   std::vector<std::vector<char>> Allgather(const void* data, size_t bytes) override;
