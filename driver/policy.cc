@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "driver/plan.h"
+#include "driver/spares.h"
 #include "driver/stragglers.h"
 
 namespace elastic::driver {
@@ -432,30 +433,15 @@ Policy::Worker& Policy::WorkerFor(const std::string& slot) {
 
 void Policy::TopUpSpares(const std::vector<std::string>& plan) {
   if (s_.shutting_down || s_.finishing) return;
-  int have = 0;
-  for (auto& [slot, w] : s_.workers) {
-    if (!w.running || !w.spare || w.dropped || w.removed) continue;
-    if (!SlotListed(s_.last_listed, slot)) {  // its host (or slot) is unlisted: the spare goes
-      w.dropped = true;
-      SignalSlot(slot, SIGTERM);
-      continue;
-    }
-    if (!w.joiner) ++have;  // a newcomer waits for a place of its own
+  const SparePlan spares =
+      PlanSpares(s_, s_.last_listed, hosts_.Available(), plan, d_.spares, Now());
+  for (const std::string& slot : spares.stop) {  // its host (or slot) is unlisted: it goes
+    s_.workers.at(slot).dropped = true;
+    SignalSlot(slot, SIGTERM);
   }
-  if (d_.spares <= 0) return;
-  if (s_.spare_failures > d_.spares + 2) return;  // they keep failing: said once, below
-  for (const auto& h : hosts_.Available()) {
-    for (int i = 0; i < h.slots && have < d_.spares; ++i) {
-      std::string slot = Slot{h.host, i}.ToString();
-      if (std::find(plan.begin(), plan.end(), slot) != plan.end()) continue;
-      auto it = s_.workers.find(slot);
-      if (it != s_.workers.end() && (it->second.running || it->second.evicted_until > Now())) {
-        continue;
-      }
-      Launch(WorkerFor(slot), -1, /*spare=*/true);
-      Log(Action::kInfo, fmt::format("starting a warm spare in slot {}", slot));
-      ++have;
-    }
+  for (const std::string& slot : spares.start) {
+    Launch(WorkerFor(slot), -1, /*spare=*/true);
+    Log(Action::kInfo, fmt::format("starting a warm spare in slot {}", slot));
   }
 }
 
