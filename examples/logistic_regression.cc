@@ -148,6 +148,57 @@ int64_t NowMs() {
       .count();
 }
 
+// Adds the fixed-point gradient of `batch` (padding has zero weight) into `sums` (D + 1
+// components, the loss, the sample count; cleared first). Returns the batch's indices, for the
+// ledger.
+std::string AddGradients(const Dataset& data, const std::vector<double>& model,
+                         const elastic::ElasticSampler::Batch& batch, std::vector<int64_t>* sums) {
+  const int D = static_cast<int>(model.size()) - 1;
+  std::vector<int64_t>& s = *sums;
+  std::fill(s.begin(), s.end(), 0);
+  std::string line;
+  for (size_t k = 0; k < batch.indices.size(); ++k) {
+    if (batch.padding[k]) continue;  // a repeat: zero weight
+    int64_t i = batch.indices[k];
+    const double* xi = &data.x[i * D];
+    double z = model[D];
+    for (int j = 0; j < D; ++j) z += model[j] * xi[j];
+    double p = 1.0 / (1.0 + std::exp(-z));
+    double err = p - data.y[i];
+    for (int j = 0; j < D; ++j) s[j] += ToFixed(err * xi[j]);
+    s[D] += ToFixed(err);
+    s[D + 1] +=
+        ToFixed(-(data.y[i] * std::log(p + 1e-12) + (1 - data.y[i]) * std::log(1 - p + 1e-12)));
+    s[D + 2] += 1;
+    line += (line.empty() ? "" : ",") + std::to_string(i);
+  }
+  return line;
+}
+
+// The full dataset's mean loss under `model`.
+double Loss(const Dataset& data, const std::vector<double>& model, int64_t samples) {
+  const int D = static_cast<int>(model.size()) - 1;
+  double loss = 0;
+  for (int64_t i = 0; i < samples; ++i) {
+    double z = model[D];
+    for (int j = 0; j < D; ++j) z += model[j] * data.x[i * D + j];
+    double p = 1.0 / (1.0 + std::exp(-z));
+    loss += -(data.y[i] * std::log(p + 1e-12) + (1 - data.y[i]) * std::log(1 - p + 1e-12));
+  }
+  return loss / samples;
+}
+
+// SIGUSR1: this worker leaves the job of its own accord (the job re-forms without it at once),
+// then exits with `code` (< 0, for tests: waits to be killed).
+[[noreturn]] void Leave(elastic::Agent& agent, int rank, int code, FILE* ledger) {
+  std::printf("rank %d (slot %s) leaves the job\n", rank, agent.slot().c_str());
+  agent.ReportLeaving("SIGUSR1");
+  if (ledger) std::fclose(ledger);
+  std::fflush(stdout);
+  if (code < 0) pause();
+  std::_Exit(code);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -183,14 +234,7 @@ int main(int argc, char** argv) {
     // Fixed-point sums: D + 1 gradient components, the loss, the sample count.
     std::vector<int64_t> sums(D + 3);
     while (epoch < o.epochs) {
-      if (g_leave) {
-        std::printf("rank %d (slot %s) leaves the job\n", comm.rank(), agent.slot().c_str());
-        agent.ReportLeaving("SIGUSR1");
-        if (ledger) std::fclose(ledger);
-        std::fflush(stdout);
-        if (o.leave_exit < 0) pause();  // for tests: left, then waits to be killed
-        std::_Exit(o.leave_exit);
-      }
+      if (g_leave) Leave(agent, comm.rank(), o.leave_exit, ledger);
       if (sampler.EpochDone()) {
         if (comm.rank() == 0) {
           std::printf("epoch %lld done: step %lld, %d workers\n", static_cast<long long>(epoch),
@@ -202,23 +246,7 @@ int main(int argc, char** argv) {
         continue;
       }
       auto batch = sampler.Next(per_rank, o.global_batch);  // the same steps at any size
-      std::fill(sums.begin(), sums.end(), 0);
-      std::string line;
-      for (size_t k = 0; k < batch.indices.size(); ++k) {
-        if (batch.padding[k]) continue;  // a repeat: zero weight
-        int64_t i = batch.indices[k];
-        const double* xi = &data.x[i * D];
-        double z = model[D];
-        for (int j = 0; j < D; ++j) z += model[j] * xi[j];
-        double p = 1.0 / (1.0 + std::exp(-z));
-        double err = p - data.y[i];
-        for (int j = 0; j < D; ++j) sums[j] += ToFixed(err * xi[j]);
-        sums[D] += ToFixed(err);
-        sums[D + 1] +=
-            ToFixed(-(data.y[i] * std::log(p + 1e-12) + (1 - data.y[i]) * std::log(1 - p + 1e-12)));
-        sums[D + 2] += 1;
-        line += (line.empty() ? "" : ",") + std::to_string(i);
-      }
+      std::string line = AddGradients(data, model, batch, &sums);
       if (ledger) {
         std::fprintf(ledger, "%lld %lld %lld %d %d %lld %s\n", static_cast<long long>(epoch),
                      static_cast<long long>(step + 1), static_cast<long long>(agent.round()),
@@ -235,17 +263,9 @@ int main(int argc, char** argv) {
     }
   });
   if (elastic::Init().comm().rank() == 0) {
-    // Full-dataset loss of the final model.
-    double loss = 0;
-    for (int64_t i = 0; i < o.samples; ++i) {
-      double z = model[D];
-      for (int j = 0; j < D; ++j) z += model[j] * data.x[i * D + j];
-      double p = 1.0 / (1.0 + std::exp(-z));
-      loss += -(data.y[i] * std::log(p + 1e-12) + (1 - data.y[i]) * std::log(1 - p + 1e-12));
-    }
     std::printf("final: %lld steps, loss %.6f, w[0..3] = %.6f %.6f %.6f %.6f, hash %016llx\n",
-                static_cast<long long>(step), loss / o.samples, model[0], model[1], model[2],
-                model[3], static_cast<unsigned long long>(Hash(model)));
+                static_cast<long long>(step), Loss(data, model, o.samples), model[0], model[1],
+                model[2], model[3], static_cast<unsigned long long>(Hash(model)));
   }
   if (ledger) std::fclose(ledger);
   return 0;
