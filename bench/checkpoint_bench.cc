@@ -56,35 +56,9 @@ uint64_t Step(std::vector<uint64_t>& w, uint64_t k) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i], v = argv[i + 1];
-    if (k == "--gib") o.gib = std::atof(v.c_str());
-    else if (k == "--dir") o.dir = v;
-    else if (k == "--repeats") o.repeats = std::atoi(v.c_str());
-    else if (k == "--seconds") o.seconds = std::atof(v.c_str());
-    else if (k == "--interval") o.interval = std::atof(v.c_str());
-    else if (k == "--commit-every") o.commit_every = std::atoi(v.c_str());
-    else {
-      std::fprintf(stderr, "unknown option %s\n", k.c_str());
-      return 2;
-    }
-  }
-  const size_t bytes = static_cast<size_t>(o.gib * (1u << 30));
-  std::string folder = o.dir + "/elastic-ckpt-bench-" + std::to_string(getpid());
-  std::vector<uint64_t> w(bytes / 8);
-  for (size_t i = 0; i < w.size(); ++i) w[i] = i * 0x9E3779B97F4A7C15ull;
-  elastic::ObjectState state;
-  state.Track("w", w.data(), w.size() * 8);
-  int64_t step = 0;
-  state.Register("step", &step);
-  state.PrepareCheckpoints();
-  state.Commit();
-  std::printf("checkpoint_bench: %.2f GiB tracked state, folder %s, %d repeats\n", o.gib,
-              o.dir.c_str(), o.repeats);
-
-  // 1. Write throughput, alternating with dd.
+// 1. Write throughput, alternating with dd. False when a write failed.
+bool MeasureWrite(const Options& o, elastic::ObjectState& state, const std::string& folder,
+                  size_t bytes) {
   std::vector<double> ours, dd;
   for (int r = 0; r < o.repeats; ++r) {
     elastic::CheckpointInfo meta;
@@ -94,13 +68,13 @@ int main(int argc, char** argv) {
     elastic::Status s = elastic::WriteCheckpoint(folder, meta, state.CheckpointFiles(), 1, &written);
     if (!s.ok()) {
       std::fprintf(stderr, "write failed: %s\n", s.message().c_str());
-      return 1;
+      return false;
     }
     ours.push_back(Since(t0));
     std::string cmd = "dd if=/dev/zero of=" + folder + "/dd.bin bs=8M count=" +
                       std::to_string(bytes >> 23) + " conv=fsync status=none";
     t0 = Clock::now();
-    if (std::system(cmd.c_str()) != 0) return 1;
+    if (std::system(cmd.c_str()) != 0) return false;
     dd.push_back(Since(t0));
     unlink((folder + "/dd.bin").c_str());
   }
@@ -109,7 +83,12 @@ int main(int argc, char** argv) {
               Median(ours), gb / Median(ours), Median(dd), gb / Median(dd),
               Median(dd) / Median(ours));
 
-  // 2. The pause: hand-off, and the commit right after it against one without a write running.
+  return true;
+}
+
+// 2. The pause: hand-off, and the commit right after it against one without a write running.
+void MeasurePause(const Options& o, elastic::ObjectState& state, std::vector<uint64_t>& w,
+                  const std::string& folder) {
   std::vector<double> handoff, commit_during, commit_plain;
   {
     elastic::Checkpointer::Options co;
@@ -138,8 +117,11 @@ int main(int argc, char** argv) {
               "written %.1f ms against %.1f ms without (medians)\n",
               Median(handoff) * 1e3, *std::max_element(handoff.begin(), handoff.end()) * 1e3,
               Median(commit_during) * 1e3, Median(commit_plain) * 1e3);
+}
 
-  // 3. Steps per second, alternating: none, then every --interval.
+// 3. Steps per second, alternating: none, then every --interval.
+void MeasureSteps(const Options& o, elastic::ObjectState& state, std::vector<uint64_t>& w,
+                  const std::string& folder) {
   std::vector<double> with, without;
   uint64_t sink = 0;
   for (int r = 0; r < 2 * o.repeats; ++r) {
@@ -174,6 +156,45 @@ int main(int argc, char** argv) {
   std::printf("steps/s: with a checkpoint every %.0f s %.2f, without %.2f: %.3fx (sink %llu)\n",
               o.interval, Median(with), Median(without), Median(with) / Median(without),
               static_cast<unsigned long long>(sink % 10));
+}
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--gib")
+      o.gib = std::atof(v.c_str());
+    else if (k == "--dir")
+      o.dir = v;
+    else if (k == "--repeats")
+      o.repeats = std::atoi(v.c_str());
+    else if (k == "--seconds")
+      o.seconds = std::atof(v.c_str());
+    else if (k == "--interval")
+      o.interval = std::atof(v.c_str());
+    else if (k == "--commit-every")
+      o.commit_every = std::atoi(v.c_str());
+    else {
+      std::fprintf(stderr, "unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  const size_t bytes = static_cast<size_t>(o.gib * (1u << 30));
+  std::string folder = o.dir + "/elastic-ckpt-bench-" + std::to_string(getpid());
+  std::vector<uint64_t> w(bytes / 8);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = i * 0x9E3779B97F4A7C15ull;
+  elastic::ObjectState state;
+  state.Track("w", w.data(), w.size() * 8);
+  int64_t step = 0;
+  state.Register("step", &step);
+  state.PrepareCheckpoints();
+  state.Commit();
+  std::printf("checkpoint_bench: %.2f GiB tracked state, folder %s, %d repeats\n", o.gib,
+              o.dir.c_str(), o.repeats);
+
+  if (!MeasureWrite(o, state, folder, bytes)) return 1;
+  MeasurePause(o, state, w, folder);
+  MeasureSteps(o, state, w, folder);
   std::system(("rm -rf '" + folder + "'").c_str());
   return 0;
 }

@@ -202,116 +202,143 @@ void StartAsync(AsyncWorker& w, int i, int phase, std::function<void(bool)> fini
   });
 }
 
-Result RunOnce(int n) {
-  int to_parent[2], to_child[2];
-  if (pipe(to_parent) != 0 || pipe(to_child) != 0) std::abort();
-  pid_t pid = fork();
-  if (pid == 0) {
-    // gRPC does not survive fork(): the server child starts afresh through exec.
-    dup2(to_child[0], 0);
-    dup2(to_parent[1], 1);
-    close(to_child[0]);
+// The rendezvous server in a child process of its own, and the pipes to ask it things.
+struct ServerChild {
+  pid_t pid = -1;
+  int to_parent[2] = {-1, -1};
+  int to_child[2] = {-1, -1};
+  std::string address;
+
+  // Sends the request `c`, reads `size` bytes of answer into `out`.
+  void Ask(char c, void* out, size_t size) {
+    if (write(to_child[1], &c, 1) != 1) std::abort();
+    if (read(to_parent[0], out, size) != static_cast<ssize_t>(size)) std::abort();
+  }
+  double Cpu() {
+    double v = 0;
+    Ask('c', &v, sizeof v);
+    return v;
+  }
+  // Closes its input (it exits), reads its peak RSS, reaps it.
+  long Finish() {
+    long peak = -1;
     close(to_child[1]);
+    if (read(to_parent[0], &peak, sizeof peak) != sizeof(long)) peak = -1;
     close(to_parent[0]);
-    close(to_parent[1]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return peak;
+  }
+};
+
+ServerChild StartServer(int n) {
+  ServerChild c;
+  if (pipe(c.to_parent) != 0 || pipe(c.to_child) != 0) std::abort();
+  c.pid = fork();
+  if (c.pid == 0) {
+    // gRPC does not survive fork(): the server child starts afresh through exec.
+    dup2(c.to_child[0], 0);
+    dup2(c.to_parent[1], 1);
+    close(c.to_child[0]);
+    close(c.to_child[1]);
+    close(c.to_parent[0]);
+    close(c.to_parent[1]);
     std::string arg = std::to_string(n);
     execl("/proc/self/exe", "rendezvous_bench", "--serve", arg.c_str(), (char*)nullptr);
     _exit(127);
   }
-  close(to_parent[1]);
-  close(to_child[0]);
+  close(c.to_parent[1]);
+  close(c.to_child[0]);
   int port = 0;
-  if (read(to_parent[0], &port, sizeof port) != sizeof port) std::abort();
-  std::string address = "127.0.0.1:" + std::to_string(port);
-  auto ask = [&](char c, void* out, size_t size) {
-    if (write(to_child[1], &c, 1) != 1) std::abort();
-    if (read(to_parent[0], out, size) != static_cast<ssize_t>(size)) std::abort();
-  };
-  auto server_cpu = [&] {
-    double v = 0;
-    ask('c', &v, sizeof v);
-    return v;
-  };
+  if (read(c.to_parent[0], &port, sizeof port) != sizeof port) std::abort();
+  c.address = "127.0.0.1:" + std::to_string(port);
+  return c;
+}
 
-  // Each thread: a worker with its own channel. Phase 0 connects, joins round 0 and exchanges
-  // addresses; phase 1 (on the same channel, as after a membership change) joins round 1 and
-  // exchanges again.
+// What the workers of a run and the measuring thread share: phase `go` starts a phase.
+struct Gate {
   std::atomic<int> ready{0}, done{0}, failures[2] = {{0}, {0}};
   std::atomic<int> go{-1};
-  Mutex go_mu;
-  std::condition_variable go_cv;  // threads sleep between phases, not spin
+  Mutex mu;
+  std::condition_variable cv;  // threads sleep between phases, not spin
+};
+
+// A worker on a thread with its own channel. Phase 0 connects, joins round 0 and exchanges
+// addresses; phase 1 (on the same channel, as after a membership change) joins round 1 and
+// exchanges again.
+void SyncWorker(int i, int n, const std::string& address, Gate& gate) {
+  Client client(BenchClientOptions(address));
+  const std::vector<std::string> keys = KeysOf(i, n);
+  const std::string mine = AddressesOf(i, keys.size());
+  gate.ready.fetch_add(1);
+  for (int phase = 0; phase < 2; ++phase) {
+    {
+      MutexLock l(gate.mu);
+      gate.cv.wait(l.native(), [&]() ELASTIC_REQUIRES(gate.mu) { return gate.go.load() >= phase; });
+    }
+    auto a = client.Join(Slot(i), phase - 1, 0, std::chrono::seconds(60));
+    bool ok = a.ok() && a->assignment.rank == i && a->assignment.round == phase;
+    StatusOr<std::vector<std::string>> v = Internal("skipped");
+    if (ok && g_separate) {  // the pattern before the two were one call
+      ok = client.Set(phase, std::to_string(i), mine).ok();
+      if (ok) v = client.Get(phase, keys, std::chrono::seconds(60));
+    } else if (ok) {
+      v = client.SetAndGet(phase, std::to_string(i), mine, keys, std::chrono::seconds(60));
+    }
+    ok = ok && v.ok() && v->size() == keys.size();
+    if (!ok) gate.failures[phase].fetch_add(1);
+    gate.done.fetch_add(1);
+  }
+}
+
+Result RunOnce(int n) {
+  ServerChild server = StartServer(n);
+  Gate gate;
   std::vector<std::thread> threads;
   std::vector<AsyncWorker> async_workers(g_async ? n : 0);
   for (int i = 0; g_async && i < n; ++i) {
     AsyncWorker& w = async_workers[i];
-    w.client = std::make_unique<Client>(BenchClientOptions(address));
+    w.client = std::make_unique<Client>(BenchClientOptions(server.address));
     w.stub = v1::Rendezvous::NewStub(w.client->channel());
     w.keys = KeysOf(i, n);
     w.mine = AddressesOf(i, w.keys.size());
-    ready.fetch_add(1);
+    gate.ready.fetch_add(1);
   }
   for (int i = 0; !g_async && i < n; ++i) {
-    threads.emplace_back([&, i] {
-      Client client(BenchClientOptions(address));
-      const std::vector<std::string> keys = KeysOf(i, n);
-      const std::string mine = AddressesOf(i, keys.size());
-      ready.fetch_add(1);
-      for (int phase = 0; phase < 2; ++phase) {
-        {
-          MutexLock l(go_mu);
-          go_cv.wait(l.native(), [&]() ELASTIC_REQUIRES(go_mu) { return go.load() >= phase; });
-        }
-        auto a = client.Join(Slot(i), phase - 1, 0, std::chrono::seconds(60));
-        bool ok = a.ok() && a->assignment.rank == i && a->assignment.round == phase;
-        StatusOr<std::vector<std::string>> v = Internal("skipped");
-        if (ok && g_separate) {  // the pattern before the two were one call
-          ok = client.Set(phase, std::to_string(i), mine).ok();
-          if (ok) v = client.Get(phase, keys, std::chrono::seconds(60));
-        } else if (ok) {
-          v = client.SetAndGet(phase, std::to_string(i), mine, keys, std::chrono::seconds(60));
-        }
-        ok = ok && v.ok() && v->size() == keys.size();
-        if (!ok) failures[phase].fetch_add(1);
-        done.fetch_add(1);
-      }
-    });
+    threads.emplace_back([&, i] { SyncWorker(i, n, server.address, gate); });
   }
-  while (ready.load() < n) std::this_thread::yield();
+  while (gate.ready.load() < n) std::this_thread::yield();
   Result r;
   for (int phase = 0; phase < 2; ++phase) {
     Phase& p = phase == 0 ? r.first : r.next;
     if (phase == 1) {
       int ok = 0;
-      ask('p', &ok, sizeof ok);
+      server.Ask('p', &ok, sizeof ok);
       if (!ok) std::abort();
     }
-    const double server0 = server_cpu(), client0 = CpuSeconds(RUSAGE_SELF);
+    const double server0 = server.Cpu(), client0 = CpuSeconds(RUSAGE_SELF);
     auto start = std::chrono::steady_clock::now();
     {
-      MutexLock g(go_mu);
-      go.store(phase);
+      MutexLock g(gate.mu);
+      gate.go.store(phase);
     }
-    go_cv.notify_all();
+    gate.cv.notify_all();
     for (int i = 0; g_async && i < n; ++i) {
       StartAsync(async_workers[i], i, phase, [&, phase](bool ok) {
-        if (!ok) failures[phase].fetch_add(1);
-        done.fetch_add(1);
+        if (!ok) gate.failures[phase].fetch_add(1);
+        gate.done.fetch_add(1);
       });
     }
-    while (done.load() < n * (phase + 1)) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    while (gate.done.load() < n * (phase + 1)) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
     p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     p.client_cpu = CpuSeconds(RUSAGE_SELF) - client0;
-    p.server_cpu = server_cpu() - server0;
-    p.failures = failures[phase].load();
+    p.server_cpu = server.Cpu() - server0;
+    p.failures = gate.failures[phase].load();
   }
   for (auto& t : threads) t.join();
-  close(to_child[1]);
-  if (read(to_parent[0], &r.server_peak_kib, sizeof r.server_peak_kib) != sizeof(long)) {
-    r.server_peak_kib = -1;
-  }
-  close(to_parent[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
+  r.server_peak_kib = server.Finish();
   return r;
 }
 
