@@ -1,7 +1,7 @@
 // Failure accounting's rules, on the policy's state (driver/policy_state.h): when failures end
 // the job instead of a relaunch, and which failures of a host are one incident. Pure:
 // driver/policy_failures.cc asks, then ends the job or charges the host (the blacklist is the
-// host table's, discovery/hosts.h); tests/driver/failures_test.cc checks them on state values.
+// host table's, discovery/discovery.h); tests/driver/failures_test.cc checks them on state values.
 #pragma once
 
 #include <string>
