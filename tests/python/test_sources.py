@@ -18,7 +18,8 @@ def tracked():
     out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
     for name in out.stdout.splitlines():
         path = ROOT / name
-        if path.suffix in SUFFIXES and path.is_file():
+        # This file names what it looks for.
+        if path.suffix in SUFFIXES and path.is_file() and path != pathlib.Path(__file__).resolve():
             yield name, path.read_text(errors="replace")
 
 
