@@ -109,7 +109,9 @@ StatusOr<std::unique_ptr<AgentImpl>> AgentImpl::Create(WorkerOptions env, AgentO
   std::unique_ptr<AgentImpl> agent(new AgentImpl(std::move(env), std::move(options)));
   agent->backend_ = backend;
   agent->spare_ = spare;
-  agent->nccl_api_ = std::move(nccl_api);
+  if (backend == Backend::kNccl) {
+    agent->device_comms_ = MakeNcclFactory(std::move(nccl_api), agent->options_.nccl);
+  }
   rendezvous::ClientOptions co;
   co.address = agent->env_.driver_addr;
   co.token = agent->env_.token;
@@ -430,16 +432,15 @@ StatusOr<AgentImpl::NcclShrinkPlan> AgentImpl::AgreeNcclShrink() {
   // Each member says (previous round, its NCCL rank there, that communicator's size) over
   // Gloo, so every member takes the same decision.
   NcclShrinkPlan plan;
-  if (!options_.nccl_shrink || !nccl_api_->has_shrink()) return plan;
+  if (!options_.nccl_shrink || !device_comms_->can_shrink()) return plan;
   struct Prev {
     int64_t round = -1;
     int32_t rank = -1;
     int32_t size = 0;
   } mine;
-  NcclCommunicator* parent = nccl_parent_.get();
-  if (parent && (parent->phase() == NcclCommunicator::Phase::kReady ||
-                 parent->phase() == NcclCommunicator::Phase::kRevoked)) {
-    mine = {last_nccl_round_, parent->nccl_rank(), parent->size()};
+  DeviceRoundCommunicator* parent = nccl_parent_.get();
+  if (parent && parent->shrinkable()) {
+    mine = {last_nccl_round_, parent->device_rank(), parent->size()};
   }
   std::vector<std::vector<char>> all;
   try {
@@ -469,10 +470,8 @@ StatusOr<AgentImpl::NcclShrinkPlan> AgentImpl::AgreeNcclShrink() {
 }
 
 Status AgentImpl::BuildNccl(const Topology& topo) {
-  ASSIGN_OR_RETURN(int device, DeviceForLocalRank(nccl_api_.get(), topo.local_rank, topo.local_size,
-                                                  env_.hostname));
-  ASSIGN_OR_RETURN(auto made, NcclCommunicator::New(nccl_api_, topo, device, options_.nccl));
-  NcclCommunicator* next = made.get();
+  ASSIGN_OR_RETURN(auto made, device_comms_->New(topo, env_.hostname));
+  DeviceRoundCommunicator* next = made.get();
   {
     MutexLock g(comm_mu_);
     nccl_parent_ = std::move(nccl_);  // the previous round's, if any: the shrink parent
@@ -481,7 +480,7 @@ Status AgentImpl::BuildNccl(const Topology& topo) {
     if (aborted_round_.load() >= assignment_.round) nccl_->Abort();
   }
   TimePoint t0 = SteadyClock::now();
-  NcclCommunicator* parent = nccl_parent_.get();
+  DeviceRoundCommunicator* parent = nccl_parent_.get();
   ASSIGN_OR_RETURN(NcclShrinkPlan plan, AgreeNcclShrink());
   bool shrink = plan.shrink;
   const char* how = "init";
@@ -499,7 +498,7 @@ Status AgentImpl::BuildNccl(const Topology& topo) {
     if (!ok) {
       spdlog::warn("NCCL shrink failed on some rank ({}); a fresh init instead",
                    s.ok() ? "not this one" : s.message());
-      ASSIGN_OR_RETURN(auto fresh, NcclCommunicator::New(nccl_api_, topo, device, options_.nccl));
+      ASSIGN_OR_RETURN(auto fresh, device_comms_->New(topo, env_.hostname));
       next = fresh.get();
       MutexLock g(comm_mu_);
       nccl_ = std::move(fresh);
@@ -519,12 +518,12 @@ Status AgentImpl::BuildNccl(const Topology& topo) {
   if (!s.ok()) return s;
   last_nccl_round_ = assignment_.round;
   spdlog::info("NCCL communicator of round {} ({} ranks, device {}): {} in {:.1f} ms",
-               assignment_.round, topo.size, device, how,
+               assignment_.round, topo.size, next->device(), how,
                std::chrono::duration<double, std::milli>(SteadyClock::now() - t0).count());
   return Status();
 }
 
-NcclCommunicator* AgentImpl::device_comm() { return nccl_.get(); }
+DeviceRoundCommunicator* AgentImpl::device_comm() { return nccl_.get(); }
 
 Communicator& AgentImpl::comm() {
   if (!comm_) throw std::logic_error("AgentImpl::comm() before a successful JoinNextRound()");
@@ -558,9 +557,10 @@ Status AgentImpl::SendReport(rendezvous::Report r) {
       r.compute_seconds = stats.compute_seconds;
       r.wait_seconds = stats.wait_seconds;
       if (nccl_ && nccl_round_ == comm_round_) {
-        r.collectives += static_cast<int64_t>(nccl_->collectives_started());
-        r.in_collective = r.in_collective || nccl_->in_collective();
-        if (nccl_->collectives_started() > 0) last = std::max(last, nccl_->last_collective_start());
+        const CollectiveStats device = nccl_->stats();
+        r.collectives += static_cast<int64_t>(device.started);
+        r.in_collective = r.in_collective || device.running;
+        if (device.started > 0) last = std::max(last, device.last_start);
       }
       if (r.collectives > 0) {
         r.since_collective = std::chrono::duration<double>(SteadyClock::now() - last).count();

@@ -177,9 +177,12 @@ Status NcclCommunicator::Finish(const char* what) {
   return Status();
 }
 
-Status NcclCommunicator::ConnectByShrink(NcclCommunicator* parent,
+Status NcclCommunicator::ConnectByShrink(DeviceRoundCommunicator* device_parent,
                                          const std::vector<int>& exclude,
                                          std::vector<int> nccl_rank_of) {
+  auto* parent = dynamic_cast<NcclCommunicator*>(device_parent);
+  if (parent == nullptr)
+    return FailedPrecondition("shrink: the parent is not an NCCL communicator");
   if (!api_->has_shrink()) {
     return FailedPrecondition("NCCL " + std::to_string(api_->version()) + " has no ncclCommShrink");
   }
@@ -397,6 +400,31 @@ void NcclCommunicator::Barrier() {
   Run("barrier", [&](NcclApi::Comm c) {
     return api_->AllReduce(one, one, 1, DataType::kI32, ReduceOp::kSum, c, stream_);
   });
+}
+
+namespace {
+class NcclFactory : public DeviceCommunicatorFactory {
+ public:
+  NcclFactory(std::shared_ptr<NcclApi> api, NcclOptions options)
+      : api_(std::move(api)), options_(options) {}
+  bool can_shrink() const override { return api_->has_shrink(); }
+  StatusOr<std::unique_ptr<DeviceRoundCommunicator>> New(const Topology& topo,
+                                                         const std::string& host) override {
+    ASSIGN_OR_RETURN(int device,
+                     DeviceForLocalRank(api_.get(), topo.local_rank, topo.local_size, host));
+    ASSIGN_OR_RETURN(auto made, NcclCommunicator::New(api_, topo, device, options_));
+    return std::unique_ptr<DeviceRoundCommunicator>(std::move(made));
+  }
+
+ private:
+  const std::shared_ptr<NcclApi> api_;
+  const NcclOptions options_;
+};
+}  // namespace
+
+std::shared_ptr<DeviceCommunicatorFactory> MakeNcclFactory(std::shared_ptr<NcclApi> api,
+                                                           NcclOptions options) {
+  return std::make_shared<NcclFactory>(std::move(api), options);
 }
 
 StatusOr<int> DeviceForLocalRank(NcclApi* api, int local_rank, int local_size,

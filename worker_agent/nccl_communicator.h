@@ -26,6 +26,7 @@
 #include "common/mutex.h"
 #include "worker_agent/communicator_base.h"
 #include "worker_agent/nccl_api.h"
+#include "worker_agent/round_communicator.h"
 #include "worker_agent/store.h"
 #include "worker_agent/topology.h"
 
@@ -37,7 +38,7 @@ struct NcclOptions {
   size_t fusion_bytes = 64u << 20;  // the device fusion buffer of AllreduceMany
 };
 
-class NcclCommunicator : public CommunicatorBase<DeviceCommunicator> {
+class NcclCommunicator : public CommunicatorBase<DeviceRoundCommunicator> {
  public:
   enum class Phase { kCreated, kInitializing, kReady, kRevoked, kAborted, kFailed };
   static const char* PhaseName(Phase p);
@@ -53,21 +54,28 @@ class NcclCommunicator : public CommunicatorBase<DeviceCommunicator> {
   // (key "nccl/id"), every other rank waits for it there; then each inits (non-blocking) and
   // polls until ready. ABORTED after Abort(); DEADLINE_EXCEEDED past the init timeout;
   // UNAVAILABLE with NCCL's message when init fails (a peer died). Call once.
-  Status Connect(RoundStore* store);
+  Status Connect(RoundStore* store) override;
   // The survivors of `parent`'s round build this one from it with ncclCommShrink
   // (NCCL_SHRINK_ABORT), leaving out the parent's ranks `exclude`. NCCL numbers the survivors
   // in the order of their parent ranks; `nccl_rank_of[r]` is where this round's rank r is in
   // the result (Broadcast's root and Allgather's order are translated through it). Every
   // survivor must call it, with the same `exclude`. Errors as Connect; FAILED_PRECONDITION when
   // the parent cannot be shrunk (the library has no shrink, or the parent was aborted).
-  Status ConnectByShrink(NcclCommunicator* parent, const std::vector<int>& exclude,
-                         std::vector<int> nccl_rank_of);
+  // FAILED_PRECONDITION too when `parent` is not an NcclCommunicator.
+  Status ConnectByShrink(DeviceRoundCommunicator* parent, const std::vector<int>& exclude,
+                         std::vector<int> nccl_rank_of) override;
 
   void set_stream(void* stream) override { stream_ = stream; }
   int device() const override { return device_; }
   // This rank's number inside the NCCL communicator (its round rank unless shrunk).
   int nccl_rank() const { return nccl_rank_of_[topo_.rank]; }
+  int device_rank() const override { return nccl_rank(); }
   Phase phase() const;
+  bool shrinkable() const override {
+    const Phase p = phase();
+    return p == Phase::kReady || p == Phase::kRevoked;
+  }
+  CollectiveStats stats() const override { return collective_stats(); }
 
   // Device buffers. Allgather's source may be device or host memory; its result is on the host.
   void Allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
@@ -115,6 +123,11 @@ class NcclCommunicator : public CommunicatorBase<DeviceCommunicator> {
   Phase phase_ ELASTIC_GUARDED_BY(mu_) = Phase::kCreated;
   std::atomic<bool> aborted_{false};
 };
+
+// The factory of NcclCommunicators over `api` with `options`: what the Agent builds each
+// round's device communicator with.
+std::shared_ptr<DeviceCommunicatorFactory> MakeNcclFactory(std::shared_ptr<NcclApi> api,
+                                                           NcclOptions options);
 
 // Which CUDA device the worker with `local_rank` uses: local_rank itself, among the devices
 // CUDA shows this process (CUDA_VISIBLE_DEVICES applies). FAILED_PRECONDITION naming the host's

@@ -71,7 +71,7 @@ class AgentImpl final : public Agent {
   // The backend this worker resolved (kGloo or kNccl; never kAuto).
   Backend backend() const { return backend_; }
   // The NCCL communicator of the current round (device buffers), or nullptr under Gloo.
-  NcclCommunicator* device_comm() override;
+  DeviceRoundCommunicator* device_comm() override;
   const WorkerOptions& env() const { return env_; }
 
   // True once the driver announced that the current round is changing.
@@ -161,11 +161,13 @@ class AgentImpl final : public Agent {
   int64_t connecting_round_ ELASTIC_GUARDED_BY(comm_mu_) = -1;
   Backend backend_ = Backend::kGloo;
   bool spare_ = false;  // ELASTIC_SPARE=1: a warm spare, joining without a deadline
-  std::shared_ptr<NcclApi> nccl_api_;  // when backend_ is kNccl
+  // What makes each round's device communicator (NCCL's, MakeNcclFactory), when backend_ is
+  // kNccl.
+  std::shared_ptr<DeviceCommunicatorFactory> device_comms_;
   // The NCCL communicator of nccl_round_ (replaced under comm_mu_), and while the next one is
   // built, the previous one (its shrink parent).
-  std::unique_ptr<NcclCommunicator> nccl_;
-  std::unique_ptr<NcclCommunicator> nccl_parent_;
+  std::unique_ptr<DeviceRoundCommunicator> nccl_;
+  std::unique_ptr<DeviceRoundCommunicator> nccl_parent_;
   int64_t nccl_round_ = -1;
   int64_t last_nccl_round_ = -1;  // the round whose NCCL communicator last connected
   std::thread watch_;

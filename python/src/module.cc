@@ -172,8 +172,8 @@ ReduceOp Op(int code) {
 Communicator& Comm() { return worker_agent::InitAgent().comm(); }
 
 // The NCCL communicator, collectives on `stream` (the caller's current torch stream).
-worker_agent::NcclCommunicator& DeviceComm(uintptr_t stream) {
-  worker_agent::NcclCommunicator* c = worker_agent::InitAgent().device_comm();
+DeviceCommunicator& DeviceComm(uintptr_t stream) {
+  DeviceCommunicator* c = worker_agent::InitAgent().device_comm();
   if (!c) {
     throw std::invalid_argument(std::string("a CUDA tensor, but this worker's backend is ") +
                                 BackendName(worker_agent::InitAgent().backend()) +
@@ -271,7 +271,7 @@ PYBIND11_MODULE(_elastic, m) {
 
   m.def("backend", [] { return std::string(BackendName(worker_agent::InitAgent().backend())); });
   m.def("device", [] {
-    worker_agent::NcclCommunicator* c = worker_agent::InitAgent().device_comm();
+    DeviceCommunicator* c = worker_agent::InitAgent().device_comm();
     return c ? c->device() : -1;
   });
   m.def(

@@ -717,8 +717,8 @@ TEST_CASE("nccl agent: a round that only loses members shrinks, a newcomer inits
   CHECK(job.w.shrinks.load() == 2);
   CHECK(job.w.last_exclude == std::vector<int>{1});
   CHECK(job.w.ids_seen.size() == 3);  // no new init
-  CHECK(job.agents.at("c:0")->device_comm()->nccl_rank() == 1);  // old order: a, then c
-  CHECK(job.agents.at("a:0")->device_comm()->nccl_rank() == 0);
+  CHECK(job.agents.at("c:0")->device_comm()->device_rank() == 1);  // old order: a, then c
+  CHECK(job.agents.at("a:0")->device_comm()->device_rank() == 0);
 
   // A newcomer: no shrink can make it a member, so all init afresh.
   job.Add("d:0");
