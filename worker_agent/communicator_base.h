@@ -29,18 +29,14 @@ class CommunicatorBase : public Interface {
   int cross_size() const override { return topo_.cross_size; }
   const Topology& topology() const { return topo_; }
 
-  // For the driver's hang detection (thread-safe): collectives started on this communicator,
-  // whether one is running now, and when the last started (steady clock; the epoch when none
-  // has).
-  uint64_t collectives_started() const { return started_.load(); }
-  bool in_collective() const { return running_.load(); }
-  TimePoint last_collective_start() const { return TimePoint(Duration(last_start_.load())); }
-  // All of it, with the compute and wait times that Collective scopes counted.
+  // For the driver's hang and straggler detection (thread-safe): collectives started on this
+  // communicator, whether one is running now, when the last started (steady clock; the epoch
+  // when none has), and the compute and wait times that Collective scopes counted.
   CollectiveStats collective_stats() const {
     CollectiveStats s;
     s.started = started_.load();
     s.running = running_.load();
-    s.last_start = last_collective_start();
+    s.last_start = TimePoint(Duration(last_start_.load()));
     s.compute_seconds = Seconds(compute_.load());
     s.wait_seconds = Seconds(wait_.load());
     return s;
