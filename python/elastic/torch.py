@@ -327,9 +327,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     reduce when backward ends) that start while backward is still running: a hook on each
     parameter's gradient accumulation marks it ready, and a full bucket goes to a background
     thread whose allreduce releases the GIL, so communication overlaps the rest of the
-    backward pass. step() waits for the buckets, then steps the wrapped optimizer. With
-    backward_passes_per_step=k, gradients are reduced after every k-th backward (accumulate
-    locally in between).
+    backward pass. step() waits for the buckets, then steps the wrapped optimizer. When a
+    bucket's reduction fails (a peer is lost), the next gradient hook raises its error, so
+    loss.backward() itself ends with WorkerLostError instead of computing the rest of a step
+    that cannot complete. With backward_passes_per_step=k, gradients are reduced after every
+    k-th backward (accumulate locally in between).
     """
 
     def __init__(self, optimizer, named_parameters=None, backward_passes_per_step=1,
@@ -403,6 +405,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*_):
+            if self._error is not None:
+                # A bucket's reduction already failed (a peer is gone): the step cannot
+                # complete, so the rest of backward would be computed for nothing. Raising here
+                # ends loss.backward() at once with that error; @elastic.run rolls back and
+                # re-forms while the survivors would otherwise still be computing.
+                error = self._finish(launch=False)
+                if error is not None:
+                    raise error
             self._passes[p] += 1
             if self._passes[p] < self.backward_passes_per_step:
                 return

@@ -188,3 +188,90 @@ def test_a_rank_that_stops_alone_ends_the_job_with_the_reason(elastic_run, tmp_p
     assert rc == 1, out
     assert "every rank must stop after the same step" in out
     assert "success" not in out
+
+
+LOST_IN_BACKWARD = """
+import os, signal, sys, time
+import torch
+import elastic
+import elastic.torch as et
+
+marker, layers = sys.argv[1], 8
+
+
+class Slow(torch.autograd.Function):
+    # Backward takes 0.5 s per layer: the step's backward lasts 4 s, far longer than the driver
+    # needs to notice a dead peer and abort the round.
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        Slow.calls += 1
+        time.sleep(0.5)
+        return g
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(layers))
+
+    def forward(self, x):
+        for fc in self.fc:
+            x = Slow.apply(fc(x))
+        return x
+
+
+torch.manual_seed(0)
+model = Net()
+# One bucket per layer (8 x 8 + 8 floats): the last layer's is reduced while backward goes on.
+opt = et.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                              named_parameters=model.named_parameters(), bucket_bytes=64,
+                              last_bucket_bytes=64)
+state = et.TorchState(model=model, optimizer=opt, step=0)
+
+
+@elastic.run
+def train(state):
+    while state.step < 3:
+        opt.zero_grad()
+        loss = model(torch.ones(4, 8)).sum()
+        if state.step == 1 and elastic.rank() == 1 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        Slow.calls = 0
+        try:
+            loss.backward()
+        except elastic.WorkerLostError:
+            print(f"lost in backward after {Slow.calls} of {layers} layers", flush=True)
+            raise
+        print(f"backward done at step {state.step}, size {elastic.size()}", flush=True)
+        opt.step()
+        state.step += 1
+        state.commit()
+
+
+train(state)
+print(f"rank {elastic.rank()} done at step {state.step}", flush=True)
+"""
+
+
+def test_a_lost_peer_ends_backward_early_and_the_step_is_redone(elastic_run, tmp_path):
+    """DistributedOptimizer: once a bucket's reduction has failed (a peer was killed), the next
+    gradient hook raises WorkerLostError out of loss.backward(), so the survivor stops computing
+    a step that cannot complete; @elastic.run then re-forms and the step is redone."""
+    script = tmp_path / "lost_in_backward.py"
+    script.write_text(LOST_IN_BACKWARD)
+    rc, out = run([elastic_run, "-np", "2", "--min-np", "1", PY, str(script),
+                   str(tmp_path / "killed")], timeout=180, env=py_env())
+    assert rc == 0, out
+    lost = [line for line in out.splitlines() if "lost in backward after" in line]
+    assert len(lost) == 1, out
+    done = int(lost[0].split("lost in backward after ")[1].split()[0])
+    assert done < 8, out  # without the early end, backward ran all 8 layers and step() raised
+    assert "rank 0 done at step 3" in out, out
+    assert "backward done at step 1, size 1" in out, out
