@@ -18,7 +18,10 @@ namespace {
 // lost driver (it made DIR/ride-out, worker_agent/worker_agent.h) is left running: the driver
 // died, and the worker exits by itself past --driver-timeout, or is adopted. The agent makes
 // the file when its own stream to the driver breaks, at about the moment the stdin closes:
-// the watcher looks for it for 2 s.
+// the watcher looks for it for 2 s. Once it has ended the worker, it removes DIR (the
+// worker's output files): nothing will read them again, and a relay still reading keeps its
+// open descriptor. The watcher runs in a session of its own, so this holds when SIGKILL took
+// the launcher's group, the script and its relays with it.
 std::string Watcher(int grace_seconds) {
   const std::string grace = std::to_string(grace_seconds > 0 ? grace_seconds : 1);
   return "l=; while IFS= read -r l; do [ \"$l\" = stop ] && break; done; "
@@ -29,7 +32,7 @@ std::string Watcher(int grace_seconds) {
          "while [ $i -lt " +
          grace +
          " ] && kill -0 $0 2>/dev/null; do sleep 1; i=$((i+1)); "
-         "done; kill -KILL $0 2>/dev/null";
+         "done; kill -KILL $0 2>/dev/null; [ -n \"$1\" ] && rm -rf \"$1\"";
 }
 
 // Starts the Watcher on the launcher's stdin (fd 3) in a session of its own, as $w, and
@@ -75,8 +78,10 @@ std::string RemoteScript(const std::string& cwd, const std::map<std::string, std
   //   the worker ends first.
   // * `wait` returns early when a trapped signal arrives: it is repeated while the worker
   //   lives.
-  // * The folder goes once its output was relayed whole; a relay cut off (the driver died)
-  //   leaves it for the driver that adopts the worker (AttachScript), or for the user.
+  // * The folder goes when the worker has ended: here, or by the watcher when it ended the
+  //   worker (SIGKILL of the launcher's group takes this script and the relays with it).
+  //   Only a worker that rode out a lost driver, whose relays were cut, leaves it, for the
+  //   driver that adopts it (AttachScript) or for the user.
   std::string s;
   s += "cd " + ShellQuote(cwd) + " || exit 1\n";
   s += "IFS= read -r ELASTIC_JOB_TOKEN || { echo 'elastic-run: no job token on stdin' >&2; "
@@ -113,7 +118,8 @@ std::string RemoteScript(const std::string& cwd, const std::map<std::string, std
   // A worker killed while its host's shared-memory segment was still named leaves it behind
   // (worker_agent/shm_group.cc names them elastic-<pid>-<token>).
   s += "rm -f /dev/shm/elastic-$p-* 2>/dev/null\n";
-  s += "[ -n \"$D\" ] && [ $a -eq 0 ] && [ $b -eq 0 ] && rm -rf \"$D\"\n";
+  s += "[ -n \"$D\" ] && { { [ $a -eq 0 ] && [ $b -eq 0 ]; } || [ ! -e \"$D/ride-out\" ]; } && "
+       "rm -rf \"$D\"\n";
   s += "trap - TERM INT HUP\n";
   s += "[ $c -gt 128 ] && [ $c -lt 160 ] && kill -$((c - 128)) $$\n";
   s += "exit $c\n";

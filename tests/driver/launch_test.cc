@@ -275,6 +275,39 @@ TEST_CASE("Without the ride-out file, the end of the stdin still ends a worker",
   unlink(r.pid_file.c_str());
 }
 
+TEST_CASE("A worker ended by 'stop' and SIGKILL of the launcher's group leaves no output folder",
+          "[unit]") {
+  // What the driver does to a hung worker's launcher: "stop", then SIGKILL of the group, which
+  // takes the script and its relays at once; the watcher, in a session of its own, ends the
+  // worker and removes the folder.
+  Remote r = StartRemote("trap '' TERM; while :; do sleep 0.1; done", /*grace=*/1);
+  std::string err;
+  RemoteWorker w = Header(r, &err);
+  pid_t pid = ProgramPid(r);
+  CHECK(r.proc->WriteStdin("stop\n"));
+  r.proc->SignalGroup(SIGKILL);
+  CHECK(WaitExit(*r.proc, std::chrono::seconds(30)) == 128 + SIGKILL);
+  CHECK(WaitFor([&] { return !Alive(pid); }, std::chrono::seconds(30)));
+  CHECK(WaitFor([&] { return !DirExists(w.dir); }, std::chrono::seconds(30)));
+  unlink(r.pid_file.c_str());
+}
+
+TEST_CASE("SIGTERM to the launcher's group leaves no output folder once the worker is gone",
+          "[unit]") {
+  // The relays die of the SIGTERM too, so the script keeps the folder; the watcher removes it
+  // when the launcher's stdin closes (the driver reaped it).
+  Remote r = StartRemote("trap 'exit 42' TERM; while :; do sleep 0.1; done", /*grace=*/1);
+  std::string err;
+  RemoteWorker w = Header(r, &err);
+  pid_t pid = ProgramPid(r);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  r.proc->SignalGroup(SIGTERM);
+  CHECK(WaitExit(*r.proc, std::chrono::seconds(30)) == 42);  // reaping closes stdin
+  CHECK(WaitFor([&] { return !Alive(pid); }, std::chrono::seconds(30)));
+  CHECK(WaitFor([&] { return !DirExists(w.dir); }, std::chrono::seconds(30)));
+  unlink(r.pid_file.c_str());
+}
+
 TEST_CASE("'stop' on the stdin ends a worker even while it rides out", "[unit]") {
   Remote r = StartRemote(": >\"$ELASTIC_RIDE_OUT_FILE\"; while :; do sleep 0.1; done");
   std::string err;
