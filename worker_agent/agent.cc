@@ -660,12 +660,14 @@ std::unique_ptr<AgentImpl>& ProcessAgent() {
 
 AgentImpl& InitAgent(AgentOptions options) {
   static std::once_flag once;
+  // Why the first call ended this worker, thrown again by every later call.
+  static std::optional<WorkerEnd>* ended = new std::optional<WorkerEnd>();  // never destroyed
   std::unique_ptr<AgentImpl>& agent = ProcessAgent();
   std::call_once(once, [&] {
     auto env = WorkerOptions::FromEnvironment();
     if (!env.ok()) {
-      std::fprintf(stderr, "elastic: %s\n", env.status().message().c_str());
-      std::exit(2);
+      ended->emplace(2, "elastic: " + env.status().message());
+      return;
     }
     // Worker logs go to stderr, so the training program's stdout stays its own.
     Status logging = InitLogging(env->log_level, "worker");
@@ -674,13 +676,13 @@ AgentImpl& InitAgent(AgentOptions options) {
     // The test hooks are the process's (common/test_hook.h): set here, for the process-wide
     // agent, not in AgentImpl::Create, which tests call for several agents of one process.
     if (Status hooks = ConfigureTestHooks(env->test_hooks, env->slot); !hooks.ok()) {
-      std::fprintf(stderr, "elastic: %s\n", hooks.message().c_str());
-      std::exit(2);
+      ended->emplace(2, "elastic: " + hooks.message());
+      return;
     }
     auto a = AgentImpl::Create(*env, options);
     if (!a.ok()) {
-      std::fprintf(stderr, "elastic: %s\n", a.status().ToString().c_str());
-      std::exit(2);
+      ended->emplace(2, "elastic: " + a.status().ToString());
+      return;
     }
     agent = std::move(a).value();
     // At exit, the Watch thread stops before static objects (spdlog's registry among them)
@@ -694,18 +696,35 @@ AgentImpl& InitAgent(AgentOptions options) {
       joined = agent->JoinNextRound(0);
     }
     if (!joined.ok()) {
-      std::fprintf(stderr, "elastic: %s\n", joined.status().ToString().c_str());
-      std::exit(1);
+      ended->emplace(1, "elastic: " + joined.status().ToString());
+    } else if (!*joined) {
+      ended->emplace(0, "this worker was scaled away before its first round; exiting 0");
     }
-    if (!*joined) std::exit(0);
   });
+  if (*ended) throw **ended;
   return *agent;
+}
+
+void EndProcess(const WorkerEnd& end) {
+  if (end.code() == 0) {
+    spdlog::info("{}", end.what());
+  } else {
+    std::fprintf(stderr, "%s\n", end.what());
+  }
+  std::fflush(stdout);
+  std::exit(end.code());
 }
 
 }  // namespace elastic::worker_agent
 
 namespace elastic {
 
-Agent& Init() { return worker_agent::InitAgent(); }
+Agent& Init() {
+  try {
+    return worker_agent::InitAgent();
+  } catch (const worker_agent::WorkerEnd& end) {
+    worker_agent::EndProcess(end);
+  }
+}
 
 }  // namespace elastic

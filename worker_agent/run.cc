@@ -13,12 +13,6 @@
 namespace elastic {
 namespace {
 
-[[noreturn]] void ExitRemoved() {
-  spdlog::info("this worker was scaled away; exiting 0");
-  std::fflush(stdout);
-  std::exit(0);
-}
-
 // Checkpoints of the committed state (--checkpoint-dir): rank 0 writes one, off the training
 // thread, at the first commit after each interval; rank 0 of a round in which nobody holds a
 // commit (a new job, or every holder gone) loads the newest valid one before the sync that
@@ -127,7 +121,17 @@ class Checkpoints {
 }  // namespace
 
 void Run(State& state, const std::function<void(State&)>& train) {
-  worker_agent::AgentImpl& agent = worker_agent::InitAgent();
+  try {
+    worker_agent::RunLoop(state, train);
+  } catch (const worker_agent::WorkerEnd& end) {
+    worker_agent::EndProcess(end);
+  }
+}
+
+namespace worker_agent {
+
+void RunLoop(State& state, const std::function<void(State&)>& train) {
+  AgentImpl& agent = InitAgent();
   // The first commit of each round is reported (synchronously: the driver learns that a
   // commit exists before any rank moves past it) with the worker-side recovery phases; the
   // driver's event log times recovery by it.
@@ -174,6 +178,8 @@ void Run(State& state, const std::function<void(State&)>& train) {
       state.Restore();
     } catch (const HostsUpdated& e) {
       spdlog::info("rank {}: {}; re-forming at this commit", agent.assignment().rank, e.what());
+    } catch (const WorkerEnd&) {
+      throw;  // not the program's failure: the process ends as told
     } catch (const std::exception& e) {
       // A failure of the program's own: the driver hears it (synchronously, before this
       // process ends) so that it can tell one rank's crash from every rank's same error.
@@ -190,13 +196,11 @@ void Run(State& state, const std::function<void(State&)>& train) {
       spdlog::warn("{}; joining the next round", joined.status().message());
       joined = agent.JoinNextRound(state.version());
     }
-    if (!joined.ok()) {
-      std::fprintf(stderr, "elastic: %s\n", joined.status().ToString().c_str());
-      std::exit(1);
-    }
-    if (!*joined) ExitRemoved();
+    if (!joined.ok()) throw WorkerEnd(1, "elastic: " + joined.status().ToString());
+    if (!*joined) throw WorkerEnd(0, "this worker was scaled away; exiting 0");
     state.Reset(agent.assignment().rank, agent.assignment().size);
   }
 }
 
+}  // namespace worker_agent
 }  // namespace elastic

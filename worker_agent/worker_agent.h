@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -180,9 +181,31 @@ class AgentImpl final : public Agent {
       ELASTIC_GUARDED_BY(report_mu_);  // newest unsent commit
 };
 
+// Where this process must stop being a worker, thrown instead of ending the process: the
+// environment is not a worker's (code 2), it could not join a round (1), or the driver scaled
+// it away (0). The C++ API (elastic::Init, elastic::Run) prints what() and exits with code();
+// the Python binding raises SystemExit(code) instead, which the program may catch, and whose
+// finally blocks and atexit handlers run.
+class WorkerEnd : public std::runtime_error {
+ public:
+  WorkerEnd(int code, const std::string& what) : std::runtime_error(what), code_(code) {}
+  int code() const { return code_; }
+
+ private:
+  int code_;
+};
+
 // The process-wide agent (elastic::Init() returns it): created and joined to round 0 on first
-// call (like Python's elastic.init(), docs/python.md). Prints a clear message and exits 2 when
-// not run under elastic-run. `options` count on the first call only.
+// call (like Python's elastic.init(), docs/python.md). Throws WorkerEnd (code 2, naming what is
+// missing) when not run under elastic-run; a later call throws the same again. `options`
+// count on the first call only.
 AgentImpl& InitAgent(AgentOptions options = {});
+
+// elastic::Run's recovery loop, which throws WorkerEnd where Run ends the process.
+void RunLoop(State& state, const std::function<void(State&)>& train);
+
+// What elastic::Init and elastic::Run do with a WorkerEnd: the message (on stderr, or logged
+// when the code is 0), then exit(code).
+[[noreturn]] void EndProcess(const WorkerEnd& end);
 
 }  // namespace elastic::worker_agent

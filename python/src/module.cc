@@ -188,6 +188,24 @@ DeviceCommunicator& DeviceComm(uintptr_t stream) {
 PYBIND11_MODULE(_elastic, m) {
   m.doc() = "elastic-run worker agent (use the `elastic` package, not this module)";
 
+  // Where the worker must end (worker_agent::WorkerEnd: not under elastic-run, no round to
+  // join, scaled away), Python's own way: SystemExit(code), after the message; the library
+  // never ends the interpreter itself.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const worker_agent::WorkerEnd& e) {
+      if (e.code() == 0) {
+        spdlog::info("{}", e.what());
+      } else {
+        std::string line = std::string(e.what()) + "\n";
+        PySys_FormatStderr("%s", line.c_str());
+      }
+      py::object code = py::int_(e.code());
+      PyErr_SetObject(PyExc_SystemExit, code.ptr());
+    }
+  });
+
   m.def("_set_exceptions", [](py::object lost, py::object updated) {
     g_lost = new py::object(std::move(lost));  // kept for the life of the process
     g_updated = new py::object(std::move(updated));
@@ -341,10 +359,11 @@ PYBIND11_MODULE(_elastic, m) {
       "run",
       [](State& state, py::function train) {
         py::gil_scoped_release release;
-        Run(state, [&train](State&) {
+        worker_agent::RunLoop(state, [&train](State&) {
           py::gil_scoped_acquire gil;
           CallPython([&] { train(); });
         });
       },
-      "The recovery loop (elastic::Run) around train(); the package's @elastic.run uses it.");
+      "The recovery loop (elastic::Run) around train(); the package's @elastic.run uses it. "
+      "Raises SystemExit where elastic::Run ends the process.");
 }

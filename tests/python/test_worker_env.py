@@ -59,3 +59,34 @@ def test_a_bad_value_stops_the_worker_naming_it(elastic_run, example, variable, 
                   env=env, timeout=60)
     assert rc != 0, out
     assert f"{variable}='{value}' is not valid" in out and says in out, out
+
+
+CATCHES_THE_END = """
+import elastic
+
+try:
+    elastic.init()
+except SystemExit as e:
+    print(f"the program caught SystemExit({e.code})", flush=True)
+    raise
+print("not reached", flush=True)
+"""
+
+
+def test_a_python_worker_that_cannot_start_gets_systemexit_not_the_end_of_its_process(
+        elastic_run, tmp_path):
+    """The library never ends its host process: where a worker must end (here a bad value of
+    its environment), the Python program gets SystemExit with the code, which it may catch
+    (and whose finally blocks and atexit handlers run), after the message that names it."""
+    script = tmp_path / "catches.py"
+    script.write_text(CATCHES_THE_END)
+    env = dict(os.environ, ELASTIC_SHM_REUSE="yes")
+    extra = os.environ.get("ELASTIC_PYTHONPATH")  # a build tree instead of the install
+    if extra:
+        env["PYTHONPATH"] = extra
+    rc, out = run([elastic_run, "-np", "1", "/usr/bin/python3", str(script)], env=env,
+                  timeout=60)
+    assert rc == 2, out
+    assert "ELASTIC_SHM_REUSE='yes' is not valid" in out, out
+    assert "the program caught SystemExit(2)" in out, out
+    assert "not reached" not in out, out
