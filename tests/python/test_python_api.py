@@ -275,3 +275,53 @@ def test_a_lost_peer_ends_backward_early_and_the_step_is_redone(elastic_run, tmp
     assert done < 8, out  # without the early end, backward ran all 8 layers and step() raised
     assert "rank 0 done at step 3" in out, out
     assert "backward done at step 1, size 1" in out, out
+
+
+SCALED_AWAY = """
+import atexit, os, sys, time
+import numpy as np
+import elastic
+
+hosts = sys.argv[1]
+atexit.register(lambda: print(f"atexit ran in slot {elastic.slot()}", flush=True))
+state = elastic.ObjectState(step=0)
+
+
+@elastic.run
+def train(state):
+    # Until the job is down to 2 (bounded: 3000 steps of 10 ms), and 40 steps.
+    while state.step < 40 or (elastic.size() == 3 and state.step < 3000):
+        elastic.allreduce(np.ones(4))
+        time.sleep(0.01)
+        state.step += 1
+        if state.step == 5 and elastic.rank() == 0:
+            with open(hosts, "w") as f:
+                f.write("localhost:2\\n")  # the discovery now gives 2 slots: one goes
+        state.commit()
+
+
+try:
+    train(state)
+except SystemExit as e:
+    print(f"SystemExit({e.code}) in slot {elastic.slot()}", flush=True)
+    raise
+print(f"done in slot {elastic.slot()} with {elastic.size()}", flush=True)
+"""
+
+
+def test_a_python_worker_scaled_away_gets_systemexit_0_and_its_atexit_runs(elastic_run,
+                                                                          tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:3\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    script = tmp_path / "scaled_away.py"
+    script.write_text(SCALED_AWAY)
+    rc, out = run([elastic_run, "--min-np", "1", "--max-np", "3", "--host-discovery-script",
+                   str(discover), PY, str(script), str(hosts)], timeout=180, env=py_env())
+    assert rc == 0, out
+    assert "SystemExit(0) in slot localhost:2" in out, out
+    for slot in range(3):
+        assert f"atexit ran in slot localhost:{slot}" in out, out
+    assert "done in slot localhost:0 with 2" in out, out
