@@ -13,7 +13,9 @@ void State::Commit() {
   Save();
   ++version_;
   TestHook("after_save", version_);
+  commit_interrupted_ = true;  // stays so if the hook throws (TakeCommitInterrupted)
   if (commit_hook_) commit_hook_();
+  commit_interrupted_ = false;
 }
 
 void State::Reset(int rank, int size) {

@@ -97,6 +97,15 @@ class State {
   // from what the members say (docs/recovery.md, "Who holds what is what the workers say").
   int64_t version() const { return version_; }
   void SetCommitHook(std::function<void()> hook) { commit_hook_ = std::move(hook); }
+  // Whether the last Commit() ended by an exception of its hook (a peer lost in the commit's
+  // agreement, say), after its Save(): no code of the program ran since, so the values are
+  // still exactly the committed version, and a Restore() would copy them onto themselves.
+  // Run asks once after each exception; this call clears it.
+  bool TakeCommitInterrupted() {
+    bool was = commit_interrupted_;
+    commit_interrupted_ = false;
+    return was;
+  }
   // Called after every reset (new round), e.g. to rebuild an optimizer.
   void OnReset(std::function<void()> callback) { reset_callbacks_.push_back(std::move(callback)); }
   // A new round gave this rank `rank` of `size`: re-partitions registered samplers, then runs
@@ -123,6 +132,7 @@ class State {
 
  private:
   std::function<void()> commit_hook_;
+  bool commit_interrupted_ = false;  // Commit's hook is running, or threw
   std::vector<std::function<void()>> reset_callbacks_;
 };
 

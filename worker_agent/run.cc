@@ -173,10 +173,20 @@ void RunLoop(State& state, const std::function<void(State&)>& train) {
       agent.ReportFinished(state.version());
       return;
     } catch (const WorkerLostError& e) {
-      spdlog::warn("rank {}: {}; rolling back to the last commit (version {})",
-                   agent.assignment().rank, e.what(), state.version());
-      state.Restore();
+      if (state.TakeCommitInterrupted()) {
+        // Lost in the commit's own agreement, after its save: the values are that version
+        // already (no program code ran since), so nothing is copied back.
+        spdlog::warn(
+            "rank {}: {}; rolling back to the last commit (version {}, which the "
+            "interrupted commit had saved: the values are unchanged since)",
+            agent.assignment().rank, e.what(), state.version());
+      } else {
+        spdlog::warn("rank {}: {}; rolling back to the last commit (version {})",
+                     agent.assignment().rank, e.what(), state.version());
+        state.Restore();
+      }
     } catch (const HostsUpdated& e) {
+      state.TakeCommitInterrupted();  // thrown by the commit's hook: the commit is whole
       spdlog::info("rank {}: {}; re-forming at this commit", agent.assignment().rank, e.what());
     } catch (const WorkerEnd&) {
       throw;  // not the program's failure: the process ends as told

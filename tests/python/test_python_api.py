@@ -325,3 +325,49 @@ def test_a_python_worker_scaled_away_gets_systemexit_0_and_its_atexit_runs(elast
     for slot in range(3):
         assert f"atexit ran in slot localhost:{slot}" in out, out
     assert "done in slot localhost:0 with 2" in out, out
+
+
+LOST_IN_THE_COMMIT = """
+import sys
+import numpy as np
+import elastic
+
+
+class Counted(elastic.ObjectState):
+    restores = 0
+
+    def restore(self):
+        Counted.restores += 1
+        elastic.ObjectState.restore(self)
+
+
+state = Counted(step=0, w=np.zeros(4))
+
+
+@elastic.run
+def train(state):
+    while state.step < 8:
+        state.w = state.w + elastic.allreduce(np.full(4, state.step + 1.0), op=elastic.Sum)
+        state.step += 1
+        state.commit()
+
+
+train(state)
+print(f"rank {elastic.rank()}: restores {Counted.restores}, w {state.w.tolist()}, "
+      f"size {elastic.size()}", flush=True)
+"""
+
+
+def test_a_peer_lost_in_the_commits_agreement_needs_no_copy_back(elastic_run, tmp_path):
+    """Rank 1 is killed right after its save of version 3 (test hook), so rank 0's commit of
+    version 3 fails in its agreement: rank 0's values are version 3 exactly, so @elastic.run
+    rolls back without calling restore(), and the job's result is what it must be."""
+    script = tmp_path / "lost_in_commit.py"
+    script.write_text(LOST_IN_THE_COMMIT)
+    env = dict(py_env(), ELASTIC_TEST_HOOKS="after_save@localhost:1@0@3=kill")
+    rc, out = run([elastic_run, "-np", "2", "--min-np", "1", PY, str(script)], timeout=180,
+                  env=env)
+    assert rc == 0, out
+    # Steps 1-3 on 2 ranks (sums 2, 4, 6), steps 4-8 on rank 0 alone (4 ... 8): 42.
+    assert "rank 0: restores 0, w [42.0, 42.0, 42.0, 42.0], size 1" in out, out
+    assert "which the interrupted commit had saved" in out, out
