@@ -196,7 +196,13 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  worker_agent::AgentImpl& agent = worker_agent::InitAgent();
+  worker_agent::AgentImpl* joined = nullptr;
+  try {
+    joined = &worker_agent::InitAgent();
+  } catch (const worker_agent::WorkerEnd& end) {
+    worker_agent::EndProcess(end);  // as elastic::Init() does: the message, then exit(code)
+  }
+  worker_agent::AgentImpl& agent = *joined;
   if (mode == "collectives") return Collectives(agent.comm());
   if (mode == "exit") {
     int code = std::atoi(argv[2]);
