@@ -144,6 +144,10 @@ Status Core::ProposeRound(int64_t round, std::map<std::string, Assignment> membe
     proposed_.round = round;
     proposed_.members = std::move(members);
     proposed_.timeout_reported = false;
+    // A new proposal is looked at anew: a state-lost report of the one it replaces may have
+    // reached a driver that had already moved past it, which drops it as stale; kept, the mark
+    // would leave this round unformed, and unreported, with every member waiting.
+    proposed_.state_lost_reported = false;
     // A slot's wait runs from when a proposal first expected it, through the proposals that
     // replace one another before a round forms: churn that re-plans every few seconds must not
     // keep a missing member from ever being named (its process restarting starts it anew).

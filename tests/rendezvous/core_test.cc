@@ -706,6 +706,52 @@ TEST_CASE("versions: a round that holds no commit after commits were made is sta
   CHECK(listener.lost[0].state_lost);
 }
 
+TEST_CASE("versions: a newer proposal after a state-lost round is said state lost again",
+          "[unit]") {
+  // The CI of stop 43 (test_faults.py, every holder gone): round 1 was found state lost, but
+  // the driver had already proposed round 2 (a relaunched slot's newcomer was ready) and
+  // dropped the report as stale; round 2's proposal kept the "reported" mark, so it was never
+  // looked at again, and the job hung with every member waiting.
+  RecordingListener listener;
+  CoreOptions opts;
+  opts.listener = &listener;
+  Core core(opts);
+  REQUIRE(core.ProposeRound(0, Members({"a:0", "a:1"}), {}).ok());
+  REQUIRE(JoinWithVersions(core, {"a:0", "a:1"}, {0, 0}, -1)[0].ok());
+  Report committed;
+  committed.slot = "a:0";
+  committed.kind = ReportKind::kCommitted;
+  committed.version = 3;
+  REQUIRE(core.HandleReport(committed).ok());
+  auto lost_count = [&] {
+    std::lock_guard<std::mutex> g(listener.mu);
+    return listener.lost.size();
+  };
+  auto wait_lost = [&](size_t n) {
+    std::unique_lock<std::mutex> l(listener.mu);
+    return listener.cv.wait_for(l, seconds(10), [&] { return listener.lost.size() >= n; });
+  };
+  // Both holders died; a:0 came back empty and joins round 1 alone.
+  REQUIRE(core.ProposeRound(1, Members({"a:0"}), {}).ok());
+  auto first = std::async(std::launch::async, [&core] {
+    return core.Join("a:0", 0, 0, core.clock()->Now() + seconds(5));
+  });
+  REQUIRE(wait_lost(1));
+  // a:1's new process is ready: round 2 takes both, and a:0's join is still waiting.
+  REQUIRE(core.ProposeRound(2, Members({"a:0", "a:1"}), {}).ok());
+  auto second = std::async(std::launch::async, [&core] {
+    return core.Join("a:1", -1, 0, core.clock()->Now() + seconds(5));
+  });
+  CHECK(wait_lost(2));
+  CHECK(lost_count() == 2);
+  first.get();
+  second.get();
+  std::lock_guard<std::mutex> g(listener.mu);
+  REQUIRE(listener.lost.size() == 2);
+  CHECK(listener.lost[1].round == 2);
+  CHECK(listener.lost[1].newest_committed == 3);
+}
+
 TEST_CASE("versions: with start-over, a round without commits forms from rank 0's fresh state",
           "[unit]") {
   RecordingListener listener;
