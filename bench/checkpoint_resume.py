@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Resume from a checkpoint against a start without one: the time from `elastic-run` starting
 to rank 0's first step, at 4 workers, for a tracked state of --mib MiB (bench/recovery_worker,
 a commit after every step). Alternating repeats, medians.

@@ -14,9 +14,15 @@ MODE=python
 if [ "${1:-}" = "--cpp" ]; then MODE=cpp; fi
 
 bash scripts/setup-deps.sh
+# The Python environment setup-deps.sh made (torch 2.x from PyPI): the package is built for it
+# and installed into it.
+VENV=${ELASTIC_VENV:-$ROOT/.venv}
+PY="$VENV/bin/python"
+export VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH"
 echo "== building (in $BUILD)"
 mkdir -p "$BUILD"
-cmake -S . -B "$BUILD" -G Ninja -DPython_EXECUTABLE=/usr/bin/python3 >"$BUILD/configure.log" 2>&1 ||
+cmake -S . -B "$BUILD" -G Ninja -DPython_EXECUTABLE="$PY" \
+  -Dpybind11_DIR="$("$PY" -m pybind11 --cmakedir)" >"$BUILD/configure.log" 2>&1 ||
   { cat "$BUILD/configure.log"; exit 1; }
 RUN="$BUILD/driver/elastic-run"
 WORK=$(mktemp -d)
@@ -27,14 +33,9 @@ if [ "$MODE" = cpp ]; then
   SAVE_REF=() SAVE_RUN=()
 else
   cmake --build "$BUILD"
-  if [ "$(id -u)" -eq 0 ]; then
-    echo "== installing (cmake --install: elastic-run, and the Python package for /usr/bin/python3)"
-    cmake --install "$BUILD" >"$BUILD/install.log"
-  else
-    echo "== not root: using the Python package from the build tree (PYTHONPATH)"
-    export PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
-  fi
-  EXAMPLE=(/usr/bin/python3 "$ROOT/examples/train_digits.py")
+  echo "== installing the Python package into $VENV (cmake --install --component python)"
+  cmake --install "$BUILD" --component python --prefix "$VENV" >"$BUILD/install.log"
+  EXAMPLE=("$PY" "$ROOT/examples/train_digits.py")
   ARGS=(--epochs 30 --step-ms 10)
   SAVE_REF=(--save "$WORK/reference.pt") SAVE_RUN=(--save "$WORK/elastic.pt")
 fi
@@ -129,9 +130,9 @@ for line in open(sys.argv[1]):
     elif e["event"] == "recovery_phase":
         print(f"  recovery {e['phase']:<10} +{e['seconds']*1000:.1f} ms after the kill was detected")
 PY
-if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
+if "$PY" -c "import matplotlib" 2>/dev/null; then
   step "timeline picture (scripts/elastic-timeline)"
-  /usr/bin/python3 "$ROOT/scripts/elastic-timeline" "$WORK/events.jsonl" -o "$BUILD/demo-timeline.png" |
+  "$PY" "$ROOT/scripts/elastic-timeline" "$WORK/events.jsonl" -o "$BUILD/demo-timeline.png" |
     sed 's/^/  /'
   echo "  the picture: $BUILD/demo-timeline.png"
 fi
@@ -148,7 +149,7 @@ if [ "$MODE" = cpp ]; then
 else
   # float32 gradients summed by a different number of workers come out in another order:
   # equal within 1e-4 (a lost or repeated batch would move the weights by ~1e-2).
-  /usr/bin/python3 - "$WORK/reference.pt" "$WORK/elastic.pt" <<'PY'
+  "$PY" - "$WORK/reference.pt" "$WORK/elastic.pt" <<'PY'
 import sys, torch
 a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])
 d = max((a[k] - b[k]).abs().max().item() for k in a)

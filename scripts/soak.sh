@@ -15,4 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export ELASTIC_BUILD_DIR=${BUILD_DIR:-${ELASTIC_BUILD_DIR:-$PWD/build}}
-exec /usr/bin/python3 tests/soak/soak.py "$@"
+# The Python of scripts/setup-deps.sh's environment (torch for --workload python).
+PY=${ELASTIC_VENV:-$PWD/.venv}/bin/python
+[ -x "$PY" ] || { echo "soak: no Python environment at ${PY%/bin/python}: run scripts/setup-deps.sh first" >&2; exit 1; }
+exec "$PY" tests/soak/soak.py "$@"

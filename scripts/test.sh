@@ -14,9 +14,15 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
 bash scripts/setup-deps.sh
+# Everything Python runs in the environment setup-deps.sh made (torch 2.x from PyPI): the
+# package is built for its interpreter and installed into it, and `python3` on PATH is its own.
+VENV=${ELASTIC_VENV:-$ROOT/.venv}
+PY="$VENV/bin/python"
+export VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH"
 
 BUILD_DIR=${BUILD_DIR:-$ROOT/build}
-CMAKE_ARGS=(-G Ninja -DPython_EXECUTABLE=/usr/bin/python3 -DCMAKE_BUILD_TYPE=RelWithDebInfo)
+CMAKE_ARGS=(-G Ninja -DPython_EXECUTABLE="$PY" -Dpybind11_DIR="$("$PY" -m pybind11 --cmakedir)"
+            -DCMAKE_BUILD_TYPE=RelWithDebInfo)
 if [ "${ELASTIC_ASAN:-0}" = "1" ]; then
   BUILD_DIR=${BUILD_DIR%/}-asan
   CMAKE_ARGS+=(-DELASTIC_ASAN=ON -DELASTIC_BUILD_BENCH=OFF)
@@ -39,16 +45,13 @@ echo "== ctest"
 ctest --test-dir "$BUILD_DIR" -j "$JOBS" --output-on-failure --timeout 300
 
 if [ -d tests/python ] && ls tests/python/test_*.py >/dev/null 2>&1; then
-  # The Python tests use the package as a user does: installed by `cmake --install` where
-  # /usr/bin/python3 finds it (as root; otherwise from the build tree).
-  if [ "$(id -u)" -eq 0 ]; then
-    echo "== install (the Python package for /usr/bin/python3)"
-    cmake --install "$BUILD_DIR" >"$BUILD_DIR/install.log" || { cat "$BUILD_DIR/install.log"; exit 1; }
-  else
-    export ELASTIC_PYTHONPATH="$BUILD_DIR/python"
-  fi
+  # The Python tests use the package as a user does: installed into the environment (no
+  # PYTHONPATH), by `cmake --install` of the build's `python` component.
+  echo "== install (the Python package into $VENV)"
+  cmake --install "$BUILD_DIR" --component python --prefix "$VENV" >"$BUILD_DIR/install.log" ||
+    { cat "$BUILD_DIR/install.log"; exit 1; }
   echo "== pytest"
-  ELASTIC_BUILD_DIR="$BUILD_DIR" /usr/bin/python3 -m pytest -q -rs tests/python
+  ELASTIC_BUILD_DIR="$BUILD_DIR" "$PY" -m pytest -q -rs tests/python
 fi
 # The chaos soak, a short run of each mode with a fresh seed (printed; a failure names it for
 # replay): the C++ example under kills, stops, additions, removals, discovery failures and

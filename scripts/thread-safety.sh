@@ -17,7 +17,7 @@ export CLANG=${CLANG:-clang++}
 command -v "$CLANG" >/dev/null || { echo "thread-safety: $CLANG not found (apt-get install clang)" >&2; exit 1; }
 [ -f "$BUILD_DIR/compile_commands.json" ] ||
   { echo "thread-safety: $BUILD_DIR/compile_commands.json missing: configure $BUILD_DIR with cmake first" >&2; exit 1; }
-exec /usr/bin/python3 - "$BUILD_DIR/compile_commands.json" "$ROOT" "$BUILD_DIR" "${JOBS:-$(nproc)}" <<'PY'
+exec python3 - "$BUILD_DIR/compile_commands.json" "$ROOT" "$BUILD_DIR" "${JOBS:-$(nproc)}" <<'PY'
 import concurrent.futures, json, os, re, shlex, subprocess, sys
 
 db, root, build, jobs = sys.argv[1], os.path.realpath(sys.argv[2]), os.path.realpath(sys.argv[3]), int(sys.argv[4])

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Host discovery for Kubernetes: prints `pod:slots` for every Ready, running pod that a label
 selector picks, so that elastic-run follows the pods as they come and go.
 

@@ -10,6 +10,7 @@ import random
 import re
 import signal
 import subprocess
+import sys
 import time
 import uuid
 
@@ -278,7 +279,7 @@ def test_bad_checkpoint_options_exit_2(elastic_run, args, message):
 
 DIGITS = [str(pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_digits.py"),
           "--epochs", "6", "--commit-every", "5", "--loader-workers", "2", "--step-ms", "15"]
-PY = "/usr/bin/python3"
+PY = sys.executable
 HASH = re.compile(r"final: .* hash ([0-9a-f]{16})")
 
 

@@ -4,6 +4,7 @@ by itself. Their output goes to files that outlive the driver, so nothing a work
 harms it. A program that never joined still dies with its driver. The oracles are the
 workers' own ledgers and output files, and /proc (which processes carry the test's marker),
 never the driver's account."""
+import sys
 import glob
 import os
 import signal
@@ -129,7 +130,7 @@ def test_python_workers_print_through_a_driver_outage(elastic_run, tmp_path):
     worker = os.path.join(os.path.dirname(__file__), "workers", "train_state.py")
     out = tmp_path / "out"
     job = Job([elastic_run, "-np", "2", "--driver-timeout", str(TIMEOUT), "--output-dir",
-               str(out), "/usr/bin/python3", worker, "100000", str(tmp_path / "ledger"),
+               str(out), sys.executable, worker, "100000", str(tmp_path / "ledger"),
                "--print-steps"], env=marked_env(marker))
     try:
         killed_at = kill_driver_of_training(job, marker, 2, r"\[1\]<stdout>:step 30 rank 1")

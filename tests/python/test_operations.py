@@ -1,5 +1,6 @@
 """Operating a job (issue 12): `elastic-run status`, the Prometheus endpoint, progress lines,
 the timeline picture, all against real jobs of the C++ example."""
+import sys
 import json
 import os
 import re
@@ -209,7 +210,7 @@ def test_the_timeline_picture_marks_every_fault_of_a_real_log(elastic_run, examp
                                              "host_removed", "host_changed", "host_blacklisted")
             or (e["event"] == "worker_lost" and e.get("phase", "detect") == "detect")]
     png = tmp_path / "timeline.png"
-    p = subprocess.run(["/usr/bin/python3", TIMELINE, log, "-o", str(png), "--size", "900x600"],
+    p = subprocess.run([sys.executable, TIMELINE, log, "-o", str(png), "--size", "900x600"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
     assert p.returncode == 0, p.stdout
     head = png.read_bytes()[:24]
@@ -220,7 +221,7 @@ def test_the_timeline_picture_marks_every_fault_of_a_real_log(elastic_run, examp
     rounds = len([e for e in evs if e["event"] == "round_formed"])
     assert (int(m.group(1)), int(m.group(3))) == (rounds, len(want)), (p.stdout, want)
     assert len(want) >= 3 and int(m.group(2)) == 2, p.stdout  # two kills, one addition
-    bad = subprocess.run(["/usr/bin/python3", TIMELINE, log, "-o", str(png), "--size", "9"],
+    bad = subprocess.run([sys.executable, TIMELINE, log, "-o", str(png), "--size", "9"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
     assert bad.returncode != 0 and "WIDTHxHEIGHT" in bad.stdout
 

@@ -1,5 +1,5 @@
-"""The Python package `elastic` (python/), as a user gets it: `cmake --install` puts it where
-/usr/bin/python3 finds it (scripts/test.sh installs before pytest), and workers are plain
+"""The Python package `elastic` (python/), as a user gets it: installed into the Python
+environment that runs the tests (scripts/test.sh installs it before pytest), and workers are plain
 Python scripts under elastic-run. torch is imported only by the workers that need it."""
 import os
 import signal
@@ -14,7 +14,7 @@ from test_elastic import events, worker_pid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKERS = os.path.join(HERE, "workers")
-PY = "/usr/bin/python3"
+PY = sys.executable  # the environment scripts/test.sh installs the package into
 
 
 def py_env():

@@ -1,6 +1,7 @@
 """A worker reads its environment in one file (worker_agent/worker_options.cc): no other source
 of a worker reads an ELASTIC_* variable, the README's table names every variable that file
 reads, and a bad value stops the worker with a message that names it (issue 28)."""
+import sys
 import os
 import pathlib
 import re
@@ -84,7 +85,7 @@ def test_a_python_worker_that_cannot_start_gets_systemexit_not_the_end_of_its_pr
     extra = os.environ.get("ELASTIC_PYTHONPATH")  # a build tree instead of the install
     if extra:
         env["PYTHONPATH"] = extra
-    rc, out = run([elastic_run, "-np", "1", "/usr/bin/python3", str(script)], env=env,
+    rc, out = run([elastic_run, "-np", "1", sys.executable, str(script)], env=env,
                   timeout=60)
     assert rc == 2, out
     assert "ELASTIC_SHM_REUSE='yes' is not valid" in out, out

@@ -8,13 +8,14 @@ size adds in another order: the final weights must be within 1e-4 of the fault-f
 (runs at 2-4 workers differ by < 1e-6; a lost or repeated batch moves them by ~1e-2).
 Both write a ledger (tests/python/ledger.py) of every step's sample indices per rank.
 """
+import sys
 import pathlib
 import re
 
 import ledger
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PY = "/usr/bin/python3"
+PY = sys.executable  # the environment of scripts/setup-deps.sh (scripts/soak.sh runs it)
 
 
 class CppWorkload:
