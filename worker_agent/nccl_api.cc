@@ -7,15 +7,39 @@
 #include <cstring>
 #include <mutex>
 
+#include "common/mutex.h"
+
 #ifdef ELASTIC_HAVE_NCCL
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <link.h>
 #include <nccl.h>
-
-#include "common/mutex.h"
+#include <spdlog/spdlog.h>
 #endif
 
 namespace elastic::worker_agent {
+
+namespace {
+
+// The wheels' libraries the Python package found (SetWheelLibraryPaths).
+struct WheelPaths {
+  Mutex mu;
+  std::vector<std::string> nccl ELASTIC_GUARDED_BY(mu);
+  std::vector<std::string> cudart ELASTIC_GUARDED_BY(mu);
+};
+WheelPaths& Wheels() {
+  static WheelPaths* w = new WheelPaths;  // never destroyed: read by threads until exit
+  return *w;
+}
+
+}  // namespace
+
+void SetWheelLibraryPaths(std::vector<std::string> nccl, std::vector<std::string> cudart) {
+  WheelPaths& w = Wheels();
+  MutexLock g(w.mu);
+  w.nccl = std::move(nccl);
+  w.cudart = std::move(cudart);
+}
 
 #ifndef ELASTIC_HAVE_NCCL
 
@@ -24,6 +48,8 @@ bool NcclBackendBuilt() { return false; }
 StatusOr<int> VisibleCudaDevices(const std::string&) {
   return FailedPrecondition("this build of elastic has no NCCL backend");
 }
+
+std::string LoadedNcclLibraries() { return ""; }
 
 StatusOr<std::shared_ptr<NcclApi>> LoadNcclApi(const std::string&, const std::string&) {
   return FailedPrecondition(
@@ -38,23 +64,81 @@ bool NcclBackendBuilt() { return true; }
 
 namespace {
 
+// A place to load a library from, and why it is tried there (for the log).
+struct Candidate {
+  std::string path;
+  const char* source;
+};
+
+// The shared objects this process has loaded already whose file name starts with `prefix`
+// (e.g. torch's libnccl.so.2), in load order.
+std::vector<std::string> LoadedLibraries(const std::string& prefix) {
+  struct Found {
+    const std::string* prefix;
+    std::vector<std::string> paths;
+  } found{&prefix, {}};
+  dl_iterate_phdr(
+      [](struct dl_phdr_info* info, size_t, void* data) {
+        auto* f = static_cast<Found*>(data);
+        if (!info->dlpi_name || !*info->dlpi_name) return 0;
+        std::string path = info->dlpi_name;
+        std::string base = path.substr(path.find_last_of('/') + 1);
+        if (base.compare(0, f->prefix->size(), *f->prefix) == 0) f->paths.push_back(path);
+        return 0;
+      },
+      &found);
+  return found.paths;
+}
+
+constexpr const char* kGiven = "given by ELASTIC_{NCCL,CUDART}_LIBRARY";
+constexpr const char* kLoaded = "already loaded in this process, e.g. by torch";
+constexpr const char* kWheel = "PyPI's wheel in the worker's Python environment";
+constexpr const char* kSystem = "the system's library path";
+constexpr const char* kBuild = "found at build time";
+
+// Steps 1-5 of LoadNcclApi (nccl_api.h), for one library.
+std::vector<Candidate> Candidates(const std::string& given, const std::string& file_prefix,
+                                  const std::vector<std::string>& wheel,
+                                  const std::vector<std::string>& system, const char* build) {
+  std::vector<Candidate> out;
+  if (!given.empty()) out.push_back({given, kGiven});
+  for (auto& p : LoadedLibraries(file_prefix)) out.push_back({p, kLoaded});
+  for (auto& p : wheel) out.push_back({p, kWheel});
+  for (auto& p : system) out.push_back({p, kSystem});
+  if (build && *build) out.push_back({build, kBuild});
+  return out;
+}
+
+std::vector<std::string> WheelNccl() {
+  WheelPaths& w = Wheels();
+  MutexLock g(w.mu);
+  return w.nccl;
+}
+std::vector<std::string> WheelCudart() {
+  WheelPaths& w = Wheels();
+  MutexLock g(w.mu);
+  return w.cudart;
+}
+
 // One dlopen()ed library; symbols resolved by name.
 struct Library {
   void* handle = nullptr;
   std::string path;
+  const char* source = "";
 
-  // The first of `names` that loads (RTLD_GLOBAL: NCCL's plugins find it).
-  Status Open(const std::vector<std::string>& names, const char* what) {
+  // The first of `candidates` that loads (RTLD_GLOBAL: NCCL's plugins find it).
+  Status Open(const std::vector<Candidate>& candidates, const char* what) {
     std::string errors;
-    for (const auto& n : names) {
-      if (n.empty()) continue;
-      handle = dlopen(n.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    for (const auto& c : candidates) {
+      if (c.path.empty()) continue;
+      handle = dlopen(c.path.c_str(), RTLD_NOW | RTLD_GLOBAL);
       if (handle) {
-        path = n;
+        path = c.path;
+        source = c.source;
         return Status();
       }
       const char* e = dlerror();
-      errors += "\n  " + n + ": " + (e ? e : "not found");
+      errors += "\n  " + c.path + " (" + c.source + "): " + (e ? e : "not found");
     }
     return FailedPrecondition(std::string("cannot load ") + what + ":" + errors);
   }
@@ -93,18 +177,21 @@ ncclRedOp_t NcclOp(ReduceOp op) {
 }
 
 Status OpenCudart(Library* lib, const std::string& path) {
-  return lib->Open({path, "libcudart.so.13", "libcudart.so.12",
-                    "libcudart.so", ELASTIC_CUDART_BUILD_PATH},
-                   "the CUDA runtime (set ELASTIC_CUDART_LIBRARY to its path)");
+  return lib->Open(Candidates(path, "libcudart.so", WheelCudart(),
+                              {"libcudart.so.13", "libcudart.so.12", "libcudart.so"},
+                              ELASTIC_CUDART_BUILD_PATH),
+                   "the CUDA runtime (pip install nvidia-cuda-runtime, or set "
+                   "ELASTIC_CUDART_LIBRARY to its path)");
 }
 
 class DlNcclApi : public NcclApi {
  public:
   Status Load(const std::string& nccl_path, const std::string& cudart_path) {
     RETURN_IF_ERROR(OpenCudart(&cudart_, cudart_path));
-    RETURN_IF_ERROR(nccl_.Open({nccl_path, "libnccl.so.2",
-                                        "libnccl.so", ELASTIC_NCCL_BUILD_PATH},
-                                       "NCCL (set ELASTIC_NCCL_LIBRARY to its path)"));
+    RETURN_IF_ERROR(nccl_.Open(Candidates(nccl_path, "libnccl.so", WheelNccl(),
+                                          {"libnccl.so.2", "libnccl.so"}, ELASTIC_NCCL_BUILD_PATH),
+                               "NCCL (pip install nvidia-nccl-cu13, or set ELASTIC_NCCL_LIBRARY "
+                               "to its path)"));
     RETURN_IF_ERROR(cudart_.Get("cudaGetDeviceCount", &get_device_count_));
     RETURN_IF_ERROR(cudart_.Get("cudaSetDevice", &set_device_));
     RETURN_IF_ERROR(cudart_.Get("cudaMalloc", &malloc_));
@@ -137,6 +224,12 @@ class DlNcclApi : public NcclApi {
   }
 
   int version() const override { return version_; }
+  std::string Describe() const {
+    return "NCCL " + std::to_string(version_ / 10000) + "." +
+           std::to_string(version_ / 100 % 100) + "." + std::to_string(version_ % 100) +
+           " from " + nccl_.path + " (" + nccl_.source + "); CUDA runtime from " +
+           cudart_.path + " (" + cudart_.source + ")";
+  }
   bool has_revoke() const override { return comm_revoke_ != nullptr && version_ >= 22807; }
   bool has_shrink() const override { return comm_shrink_ != nullptr && version_ >= 22700; }
   std::string ErrorString(int r) override {
@@ -287,22 +380,41 @@ StatusOr<int> VisibleCudaDevices(const std::string& cudart_path) {
   return n;  // the runtime stays loaded (dlclose of the CUDA runtime is not safe)
 }
 
+namespace {
+struct Loaded {
+  Mutex mu;
+  std::shared_ptr<DlNcclApi> api ELASTIC_GUARDED_BY(mu);
+  Status error ELASTIC_GUARDED_BY(mu);
+  bool tried ELASTIC_GUARDED_BY(mu) = false;
+};
+Loaded& TheLoaded() {
+  static Loaded* l = new Loaded;  // never destroyed: the libraries stay loaded until exit
+  return *l;
+}
+}  // namespace
+
 StatusOr<std::shared_ptr<NcclApi>> LoadNcclApi(const std::string& nccl,
                                                const std::string& cudart) {
   // Loaded once per process; a failure is remembered too (the libraries will not appear).
-  static Mutex mu;
-  static std::shared_ptr<NcclApi> api;
-  static Status error = Status();
-  static bool tried = false;
-  MutexLock g(mu);
-  if (!tried) {
-    tried = true;
+  Loaded& l = TheLoaded();
+  MutexLock g(l.mu);
+  if (!l.tried) {
+    l.tried = true;
     auto dl = std::make_shared<DlNcclApi>();
-    error = dl->Load(nccl, cudart);
-    if (error.ok()) api = std::move(dl);
+    l.error = dl->Load(nccl, cudart);
+    if (l.error.ok()) {
+      l.api = std::move(dl);
+      spdlog::info("{}", l.api->Describe());
+    }
   }
-  if (!error.ok()) return error;
-  return api;
+  if (!l.error.ok()) return l.error;
+  return std::shared_ptr<NcclApi>(l.api);
+}
+
+std::string LoadedNcclLibraries() {
+  Loaded& l = TheLoaded();
+  MutexLock g(l.mu);
+  return l.api ? l.api->Describe() : "";
 }
 
 #endif

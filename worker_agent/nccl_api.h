@@ -72,12 +72,27 @@ bool NcclBackendBuilt();
 // `cudart`: a path to try first (WorkerOptions::cudart_library), or "".
 StatusOr<int> VisibleCudaDevices(const std::string& cudart = "");
 
-// The process's NCCL and CUDA runtime, loaded once: `nccl` / `cudart` when given
-// (WorkerOptions: ELASTIC_NCCL_LIBRARY / ELASTIC_CUDART_LIBRARY), else libnccl.so.2 and
-// libcudart.so.{13,12,} from the library path, else the ones found at build time.
+// The process's NCCL and CUDA runtime, loaded once. Each is the first of these that loads, and
+// the choice is logged (and told by LoadedNcclLibraries):
+//  1. `nccl` / `cudart` when given (WorkerOptions: ELASTIC_NCCL_LIBRARY / ELASTIC_CUDART_LIBRARY);
+//  2. the one this process has loaded already: a Python worker's torch loads the libnccl.so.2
+//     and libcudart of its wheels at `import torch`, and two NCCLs in one process do not mix;
+//  3. PyPI's wheels (nvidia-nccl-cu12/-cu13, nvidia-cuda-runtime) in the worker's Python
+//     environment, as the Python package tells them (SetWheelLibraryPaths);
+//  4. libnccl.so.2 and libcudart.so.{13,12,} from the system's library path;
+//  5. the ones found at build time.
 // FAILED_PRECONDITION saying what is missing (and how to fix it) when the build has no NCCL
 // backend or a library or symbol cannot be loaded.
 StatusOr<std::shared_ptr<NcclApi>> LoadNcclApi(const std::string& nccl = "",
                                                const std::string& cudart = "");
+
+// The libraries of PyPI's NCCL and CUDA runtime wheels of the Python environment, in order of
+// preference (step 3 above); the Python package sets them at import, before any load.
+void SetWheelLibraryPaths(std::vector<std::string> nccl, std::vector<std::string> cudart);
+
+// After a successful LoadNcclApi: which NCCL and CUDA runtime were loaded, from where and why
+// (e.g. "NCCL 2.30.7 from /v/.../libnccl.so.2 (already loaded in this process, e.g. by torch);
+// CUDA runtime from ... (...)"); "" before that or when the load failed.
+std::string LoadedNcclLibraries();
 
 }  // namespace elastic::worker_agent

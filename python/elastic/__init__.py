@@ -47,6 +47,25 @@ class HostsUpdatedInterrupt(RuntimeError):
 _C._set_exceptions(WorkerLostError, HostsUpdatedInterrupt)
 
 
+def _wheel_library_paths():
+    """The libnccl.so.2 and libcudart of PyPI's wheels in this environment (nvidia-nccl-cu12 or
+    -cu13, nvidia-cuda-runtime), which torch's wheels install: the NCCL backend loads them when
+    the process has none loaded yet (see LoadNcclApi in worker_agent/nccl_api.h)."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        spec = None
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    nccl = [os.path.join(r, "nccl", "lib", "libnccl.so.2") for r in roots]
+    cudart = [os.path.join(r, sub, "lib", name) for r in roots
+              for sub, name in (("cu13", "libcudart.so.13"), ("cuda_runtime", "libcudart.so.12"))]
+    return [p for p in nccl if os.path.exists(p)], [p for p in cudart if os.path.exists(p)]
+
+
+_C._set_wheel_library_paths(*_wheel_library_paths())
+
+
 def _register_stack_dump():
     # When elastic-run finds this worker hung it sends SIGUSR2 first: every thread's Python
     # stack goes to stderr (into the job's log) before the worker is killed. Left alone when

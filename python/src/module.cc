@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "state/state.h"
+#include "worker_agent/nccl_api.h"
 #include "worker_agent/worker_agent.h"
 
 namespace py = pybind11;
@@ -219,6 +220,23 @@ PYBIND11_MODULE(_elastic, m) {
       }
     });
   });
+
+  // PyPI's NCCL and CUDA runtime wheels of this environment, which the NCCL backend loads when
+  // the process has none loaded yet (worker_agent/nccl_api.h, LoadNcclApi's step 3).
+  m.def("_set_wheel_library_paths",
+        [](std::vector<std::string> nccl, std::vector<std::string> cudart) {
+          worker_agent::SetWheelLibraryPaths(std::move(nccl), std::move(cudart));
+        });
+  // Loads NCCL and the CUDA runtime as the NCCL backend would (no GPU needed) and says which
+  // were chosen, from where and why; RuntimeError with the reason when they cannot be loaded.
+  m.def(
+      "_nccl_libraries",
+      [](const std::string& nccl, const std::string& cudart) {
+        auto api = worker_agent::LoadNcclApi(nccl, cudart);
+        if (!api.ok()) throw std::runtime_error(api.status().message());
+        return worker_agent::LoadedNcclLibraries();
+      },
+      py::arg("nccl") = "", py::arg("cudart") = "", py::call_guard<py::gil_scoped_release>());
 
   // The codes of common/communicator.h's enums, by name: the package's only source of them.
   py::dict dtypes, ops;
