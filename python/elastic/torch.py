@@ -372,8 +372,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._thread.start()
         self._hooks = []
         for p in params:
-            acc = p.expand_as(p).grad_fn.next_functions[0][0]  # the AccumulateGrad node
-            self._hooks.append((acc, acc.register_hook(self._make_hook(p))))
+            # Called once p.grad holds this backward's gradient (torch 2.1 and newer); before
+            # that, a hook on the parameter's AccumulateGrad node.
+            if hasattr(p, "register_post_accumulate_grad_hook"):
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+            else:
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                self._hooks.append((acc, acc.register_hook(self._make_hook(p))))
 
     # torch.optim.Optimizer's interface, forwarded
     @property
