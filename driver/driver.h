@@ -32,6 +32,11 @@ struct DriverOptions {
   Duration elastic_timeout = std::chrono::seconds(600);
   Duration start_timeout = std::chrono::seconds(600);
   Duration rendezvous_timeout = std::chrono::seconds(60);
+  // New processes that one change from outside started together (the slots a discovery result
+  // added) join together: the first ready one waits up to this long for the others, so the
+  // job re-forms once (0: each joins as soon as it is ready). Either way such a change counts
+  // as one reset, however many processes it brings (Policy::Replan).
+  Duration newcomer_window = std::chrono::seconds(3);
   int reset_limit = -1;   // -1: unlimited
   int max_failures = -1;  // -1: unlimited
   int host_failure_limit = 1;

@@ -101,7 +101,8 @@ struct CommandLine {
   bool verbose = false, no_shm = false;
   double discovery_interval = 1, discovery_timeout = 10, elastic_timeout = 600, start_timeout = 600,
          rendezvous_timeout = 60, grace = 5, hang_timeout = 0, liveness_timeout = 6,
-         progress_interval = 30, driver_timeout = 120, checkpoint_interval = 60;
+         progress_interval = 30, driver_timeout = 120, checkpoint_interval = 60,
+         newcomer_window = 3;
   std::vector<double> cooldown;
   std::vector<std::string> command_help;  // only for --help: the command is split off first
   bool raise_priority = true;             // ELASTIC_DRIVER_NICE (1)
@@ -135,6 +136,12 @@ void AddSizeAndHostOptions(CLI::App& app, CommandLine& c) {
   app.add_option("--rendezvous-timeout", c.rendezvous_timeout,
                  "Seconds a round waits for its members to join before dropping the missing")
       ->check(kPositive);
+  app.add_option("--newcomer-window", c.newcomer_window,
+                 "Seconds the first ready one of the new workers that one change started "
+                 "together (slots a discovery result added) waits for the others, so that the "
+                 "job re-forms once with all of them (3; 0: each joins when ready; at most 60). "
+                 "One such change is one reset for --reset-limit either way")
+      ->check(CLI::Range(0.0, 60.0));
 }
 
 // Failure budgets, the blacklist, stragglers, hangs, liveness.
@@ -419,6 +426,7 @@ Status ResolveTimes(const CLI::App& app, CommandLine& c) {
   o.elastic_timeout = FromSeconds(c.elastic_timeout);
   o.start_timeout = FromSeconds(c.start_timeout);
   o.rendezvous_timeout = FromSeconds(c.rendezvous_timeout);
+  o.newcomer_window = FromSeconds(c.newcomer_window);
   o.grace = FromSeconds(c.grace);
   if (c.liveness_timeout < 1.5) return Refuse("--liveness-timeout must be at least 1.5 s");
   if (o.straggler_factor > 0 && o.straggler_factor <= 1) {

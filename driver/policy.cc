@@ -75,7 +75,7 @@ bool Policy::IsMember(const std::string& slot) const {
 }
 
 TimePoint Policy::NextDeadline() const {
-  TimePoint next = std::min(s_.kill_at, s_.wait_until);
+  TimePoint next = std::min({s_.kill_at, s_.wait_until, s_.gather_until});
   for (const auto& [slot, w] : s_.workers) {
     if (w.running) next = std::min(next, w.lost_at);
     if (Starting(w) && !s_.shutting_down) {
@@ -215,13 +215,17 @@ void Policy::Replan(const std::string& reason) {
   s_.wait_until = TimePoint::max();
   std::vector<std::string> newcomers = SplitOffNewcomers(in, need, &plan);
   const bool changes = !(plan == s_.members && s_.round >= 0 && !s_.round_broken);
+  // New places that this one change brought (slots discovery added) are one cohort: they join
+  // together and their arrival counts one reset.
+  const int64_t cohort = !changes && !newcomers.empty() ? ++s_.cohorts : 0;
   for (const auto& slot : newcomers) {
     Worker& w = WorkerFor(slot);
     Launch(w, -1, /*spare=*/true);
     w.joiner = true;
     // Its place is the one a lost member left (this change counts as the job's reset), or a
-    // new one (its arrival will).
+    // new one (the arrival of its cohort's first will).
     w.paid = changes;
+    w.cohort = cohort;
     Log(Action::kInfo, fmt::format("starting a new worker in slot {}; the job goes on without "
                                    "it and re-forms with it once it is ready",
                                    slot));
@@ -249,7 +253,9 @@ void Policy::Replan(const std::string& reason) {
       return;
     }
     ++s_.resets;
+    PayCohortsOf(plan);
   }
+  s_.gather_until = TimePoint::max();
   ProposeAndFence(plan, in, reason);
   TopUpSpares(plan);
 }
@@ -329,6 +335,42 @@ std::vector<std::string> Policy::SplitOffNewcomers(const PlanInput& in, size_t n
   if (newcomers.empty() || rest.size() < std::max<size_t>(need, 1)) return {};
   *plan = std::move(rest);
   return newcomers;
+}
+
+void Policy::PayCohortsOf(const std::vector<std::string>& plan) {
+  // One change from outside is one reset however many processes it brings (as Horovod
+  // counts): the reset just counted for a newcomer's arrival pays for the rest of its cohort,
+  // which may get ready later.
+  std::set<int64_t> arriving;
+  for (const auto& slot : plan) {
+    auto it = s_.workers.find(slot);
+    if (it != s_.workers.end() && it->second.joiner && it->second.cohort != 0) {
+      arriving.insert(it->second.cohort);
+    }
+  }
+  for (auto& [slot, w] : s_.workers) {
+    if (w.joiner && arriving.count(w.cohort)) w.paid = true;
+  }
+}
+
+bool Policy::Gathering(const Worker& ready) {
+  // A ready newcomer whose cohort has others still starting waits for them, up to
+  // --newcomer-window from the first one's readiness, so that the job re-forms once with the
+  // whole cohort (OnTimer re-plans at the window's end).
+  if (ready.cohort == 0 || d_.newcomer_window <= Duration::zero()) return false;
+  int starting = 0;
+  for (const auto& [slot, w] : s_.workers) {
+    if (w.cohort == ready.cohort && Starting(w)) ++starting;
+  }
+  if (starting == 0) return false;
+  if (s_.gather_until == TimePoint::max()) {
+    s_.gather_until = Now() + d_.newcomer_window;
+    Log(Action::kInfo,
+        fmt::format("waiting up to {:.1f} s (--newcomer-window) for the {} other new worker(s) "
+                    "started with slot {}, to re-form once with all of them",
+                    Secs(d_.newcomer_window), starting, ready.slot));
+  }
+  return Now() < s_.gather_until;
 }
 
 bool Policy::OnlyPaidArrivals(const std::vector<std::string>& plan) const {

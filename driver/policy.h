@@ -217,6 +217,8 @@ class Policy {
                                              std::vector<std::string>* plan) const;
   // Whether `plan` only adds newcomers whose places' loss was counted as a reset already.
   bool OnlyPaidArrivals(const std::vector<std::string>& plan) const;
+  void PayCohortsOf(const std::vector<std::string>& plan);
+  bool Gathering(const Worker& ready);
   // Proposes the next round of `plan`, fences the current one and places its members.
   void ProposeAndFence(const std::vector<std::string>& plan, const PlanInput& in,
                        const std::string& reason);

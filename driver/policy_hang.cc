@@ -235,6 +235,11 @@ void Policy::OnTimer() {
                      : what);
     return;
   }
+  if (now >= s_.gather_until) {
+    s_.gather_until = TimePoint::max();
+    Replan("the new workers' --newcomer-window ended");
+    if (s_.shutting_down) return;
+  }
   if (hosts_.TakeEndedCooldowns()) Replan("a blacklist cooldown ended");
   for (auto& [slot, w] : s_.workers) {
     // A newcomer gets the time a new member gets to join (--rendezvous-timeout); its peers do

@@ -241,6 +241,7 @@ void Policy::OnWaitingForPlace(const std::string& slot) {
                                  "the job re-forms with it at the next commit",
                                  slot, Secs(Now() - w.launched_at)));
   Event("newcomer_ready", {{"slot", slot}, {"seconds", Secs(Now() - w.launched_at)}});
+  if (Gathering(w)) return;
   Replan("the new worker in slot " + slot + " is ready");
 }
 

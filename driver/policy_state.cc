@@ -168,12 +168,17 @@ struct Reader {
   X(checkpoint_version) X(checkpoint_step) X(checkpoint_failures) X(checkpoint_seconds) X(checkpoint_path)            \
   X(checkpoint_error) X(last_listed) X(last_listed_order)
 #define POLICY_FIELDS_2(X) X(stragglers) X(evicted_at)
+// Fields added later (newcomer cohorts): loaded when present, in any format.
+#define WORKER_FIELDS_OPT(X) X(cohort)
+#define POLICY_FIELDS_OPT(X) X(cohorts) X(gather_until)
 
 // Writer::Put and Reader::Get of `Type`, from its field list.
 #define PUT_FIELD(name) out[#name] = Put(v.name);
 #define GET_FIELD(name) Get(At(j, #name, path), path + "." #name, &v->name);
 #define GET_FIELD_2(name) \
   if (format >= 2 || j.contains(#name)) GET_FIELD(name)
+#define GET_FIELD_OPT(name) \
+  if (j.contains(#name)) GET_FIELD(name)
 #define SAVED_STRUCT(Type, FIELDS)                                                  \
   json Writer::Put(const Type& v) const {                                           \
     json out = json::object();                                                      \
@@ -183,25 +188,28 @@ struct Reader {
   void Reader::Get(const json& j, const std::string& path, Type* v) const {         \
     FIELDS(GET_FIELD)                                                               \
   }
-// A struct with fields added in format 2: required in a text of format 2, optional before.
-#define SAVED_STRUCT_2(Type, FIELDS, FIELDS_2)                                      \
+// A struct with fields added in format 2 (required in a text of format 2, optional before)
+// and fields added since (optional in any format).
+#define SAVED_STRUCT_2(Type, FIELDS, FIELDS_2, FIELDS_OPT)                          \
   json Writer::Put(const Type& v) const {                                           \
     json out = json::object();                                                      \
     FIELDS(PUT_FIELD)                                                               \
     FIELDS_2(PUT_FIELD)                                                             \
+    FIELDS_OPT(PUT_FIELD)                                                           \
     return out;                                                                     \
   }                                                                                 \
   void Reader::Get(const json& j, const std::string& path, Type* v) const {         \
     FIELDS(GET_FIELD)                                                               \
     FIELDS_2(GET_FIELD_2)                                                           \
+    FIELDS_OPT(GET_FIELD_OPT)                                                       \
   }
 // clang-format on
 
 SAVED_STRUCT(discovery::HostSlots, HOST_SLOTS_FIELDS)
 SAVED_STRUCT(discovery::HostTable::Entry, ENTRY_FIELDS)
 SAVED_STRUCT(discovery::HostTable::State, TABLE_FIELDS)
-SAVED_STRUCT_2(WorkerState, WORKER_FIELDS, WORKER_FIELDS_2)
-SAVED_STRUCT_2(PolicyState, POLICY_FIELDS, POLICY_FIELDS_2)
+SAVED_STRUCT_2(WorkerState, WORKER_FIELDS, WORKER_FIELDS_2, WORKER_FIELDS_OPT)
+SAVED_STRUCT_2(PolicyState, POLICY_FIELDS, POLICY_FIELDS_2, POLICY_FIELDS_OPT)
 
 // 2: straggler detection's fields (WORKER_FIELDS_2, POLICY_FIELDS_2). A state of format 1
 // (an older elastic-run's journal) loads too, without them.

@@ -33,6 +33,10 @@ struct WorkerState {
   bool joiner = false;
   bool ready = false;     // a newcomer that waits in Join for its place
   bool paid = false;      // a newcomer for a lost member's place: its round change was counted
+  // The change from outside (e.g. a discovery result adding slots) that started this newcomer
+  // with others, numbered by PolicyState::cohorts; 0: none. Its cohort joins together
+  // (DriverOptions::newcomer_window) and counts one reset (Policy::PayCohortsOf).
+  int64_t cohort = 0;
   bool rescued = false;   // removed, then kept as a member for the state it holds
   TimePoint lost_at = TimePoint::max();  // Watch broke; lost unless it exits by then
   int watches = 0;                       // Watch streams open from the slot's process
@@ -104,6 +108,8 @@ struct PolicyState {
   std::string final_message;
   TimePoint kill_at = TimePoint::max();
   TimePoint wait_until = TimePoint::max();
+  int64_t cohorts = 0;                      // newcomer cohorts started so far
+  TimePoint gather_until = TimePoint::max();  // a ready newcomer waits for its cohort until
   TimePoint recovery_start{};
   bool recovering = false;
   bool round_broken = false;

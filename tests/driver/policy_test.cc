@@ -1963,5 +1963,97 @@ TEST_CASE("policy: --straggler-factor 0 names no straggler", "[unit]") {
   CHECK(Events(a, "straggler").empty());
 }
 
+// Horovod's reset-limit scenario (issue 46): discovery grows a 2-worker job to 4, then shrinks
+// it to 3, under --reset-limit 2. The growth is one change from outside, so one reset, however
+// its two new processes arrive.
+TEST_CASE("policy: the slots one discovery result adds join in one round, one reset",
+          "[unit]") {
+  DriverOptions d = Discovered(4);
+  d.reset_limit = 2;
+  Job job(d);
+  job.StartFormed({{"a", 2}}, {"a:0", "a:1"});
+  job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 4}}, {});
+  auto a = job.Take();
+  CHECK(Slots(a, Action::kLaunch) == std::vector<std::string>{"a:2", "a:3"});
+  // The first ready one waits (--newcomer-window, 3 s) for the other started with it.
+  job.policy->OnWaitingForPlace("a:2");
+  a = job.Take();
+  CHECK(Of(a, Action::kProposeRound).empty());
+  CHECK(job.policy->NextDeadline() <= job.clock.Now() + seconds(3));
+  job.Advance(seconds(1));
+  job.policy->OnWaitingForPlace("a:3");
+  a = job.Take();
+  auto proposals = Of(a, Action::kProposeRound);
+  REQUIRE(proposals.size() == 1);
+  CHECK(Members(*proposals[0]) == std::vector<std::string>{"a:0", "a:1", "a:2", "a:3"});
+  job.Form(1, {"a:0", "a:1", "a:2", "a:3"});
+  CHECK(job.policy->View().resets == 1);
+  // The shrink is the second reset: within the limit.
+  job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 3}}, {});
+  a = job.Take();
+  REQUIRE(Of(a, Action::kProposeRound).size() == 1);
+  CHECK(job.policy->View().resets == 2);
+  CHECK_FALSE(job.policy->shutting_down());
+}
+
+TEST_CASE("policy: newcomers of one change that arrive apart still count one reset", "[unit]") {
+  DriverOptions d = Discovered(4);
+  d.reset_limit = 2;
+  SECTION("each joins when ready (--newcomer-window 0)") {
+    d.newcomer_window = Duration::zero();
+    Job job(d);
+    job.StartFormed({{"a", 2}}, {"a:0", "a:1"});
+    job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 4}}, {});
+    job.Take();
+    job.policy->OnWaitingForPlace("a:2");
+    auto a = job.Take();
+    REQUIRE(Of(a, Action::kProposeRound).size() == 1);
+    CHECK(Members(*Of(a, Action::kProposeRound)[0]).size() == 3);
+    job.Form(1, {"a:0", "a:1", "a:2"});
+    job.Advance(seconds(5));
+    job.policy->OnWaitingForPlace("a:3");
+    a = job.Take();
+    REQUIRE(Of(a, Action::kProposeRound).size() == 1);
+    job.Form(2, {"a:0", "a:1", "a:2", "a:3"});
+    CHECK(job.policy->View().resets == 1);
+    job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 3}}, {});
+    job.Take();
+    CHECK(job.policy->View().resets == 2);
+    CHECK_FALSE(job.policy->shutting_down());
+  }
+  SECTION("the window ends before the second is ready") {
+    Job job(d);
+    job.StartFormed({{"a", 2}}, {"a:0", "a:1"});
+    job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 4}}, {});
+    job.Take();
+    job.policy->OnWaitingForPlace("a:2");
+    CHECK(Of(job.Take(), Action::kProposeRound).empty());
+    job.Advance(seconds(3));  // the window ends: the job re-forms with the one that is ready
+    auto a = job.Take();
+    REQUIRE(Of(a, Action::kProposeRound).size() == 1);
+    CHECK(Members(*Of(a, Action::kProposeRound)[0]) ==
+          std::vector<std::string>{"a:0", "a:1", "a:2"});
+    job.Form(1, {"a:0", "a:1", "a:2"});
+    job.policy->OnWaitingForPlace("a:3");  // its cohort's reset is paid: no second one
+    a = job.Take();
+    REQUIRE(Of(a, Action::kProposeRound).size() == 1);
+    CHECK(job.policy->View().resets == 1);
+  }
+  SECTION("a second change is a reset of its own") {
+    Job job(d);
+    job.StartFormed({{"a", 2}}, {"a:0", "a:1"});
+    job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 3}}, {});
+    job.Take();
+    job.policy->OnWaitingForPlace("a:2");
+    REQUIRE(Of(job.Take(), Action::kProposeRound).size() == 1);
+    job.Form(1, {"a:0", "a:1", "a:2"});
+    job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 4}}, {});
+    job.Take();
+    job.policy->OnWaitingForPlace("a:3");
+    REQUIRE(Of(job.Take(), Action::kProposeRound).size() == 1);
+    CHECK(job.policy->View().resets == 2);
+  }
+}
+
 }  // namespace
 }  // namespace elastic::driver
