@@ -583,8 +583,23 @@ void Policy::CheckFinished() {
                              finishing.size(), which, fmt::join(lost, " ")));
     return;
   }
+  int64_t newest = 0;  // the version the finished members hold: the final state
+  for (const auto& slot : finishing) newest = std::max(newest, s_.workers.at(slot).version);
+  if (s_.resumed_version > 0 && newest == s_.resumed_version) {
+    Terminate(0, fmt::format("success: the job was already complete (checkpoint version {} "
+                             "holds its final state; the program trained nothing more); all {} "
+                             "workers{} finished",
+                             newest, finishing.size(), which));
+    return;
+  }
+  std::string final_checkpoint;
+  if (newest > 0 && s_.checkpoint_version == newest) {
+    final_checkpoint = fmt::format("; the final state is checkpoint version {} ({}, written in "
+                                   "{:.3f} s)",
+                                   newest, s_.checkpoint_path, s_.checkpoint_seconds);
+  }
   Terminate(0, "success: all " + std::to_string(finishing.size()) + " workers" + which +
-                   " finished");
+                   " finished" + final_checkpoint);
 }
 
 bool Policy::sent_away(const std::string& slot) const {

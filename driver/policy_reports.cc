@@ -41,6 +41,7 @@ void Policy::OnReport(const rendezvous::Report& r) {
       break;
     case rendezvous::ReportKind::kFinished:
       w.finished = true;
+      w.version = std::max(w.version, r.version);  // what it holds as it ends
       // Not below a commit already heard from it: after a driver outage a worker's pending
       // commit report and its FINISHED may come in either order.
       if (r.step > 0) w.step = std::max(w.step, r.step);
@@ -312,6 +313,7 @@ void Policy::OnCheckpointReport(const Worker& w, const rendezvous::Report& r) {
                              {"steps_lost", steps_lost},
                              {"lost_in_round", lost ? s_.lost_round : int64_t{-1}}});
     if (lost) s_.restore_round = -1;
+    if (!lost) s_.resumed_version = r.version;
     return;
   }
   if (!lost) {

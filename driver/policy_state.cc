@@ -170,7 +170,7 @@ struct Reader {
 #define POLICY_FIELDS_2(X) X(stragglers) X(evicted_at)
 // Fields added later (newcomer cohorts): loaded when present, in any format.
 #define WORKER_FIELDS_OPT(X) X(cohort)
-#define POLICY_FIELDS_OPT(X) X(cohorts) X(gather_until)
+#define POLICY_FIELDS_OPT(X) X(cohorts) X(gather_until) X(resumed_version)
 
 // Writer::Put and Reader::Get of `Type`, from its field list.
 #define PUT_FIELD(name) out[#name] = Put(v.name);

@@ -109,6 +109,7 @@ struct PolicyState {
   TimePoint kill_at = TimePoint::max();
   TimePoint wait_until = TimePoint::max();
   int64_t cohorts = 0;                      // newcomer cohorts started so far
+  int64_t resumed_version = -1;  // the checkpoint a new job resumed from (-1: none)
   TimePoint gather_until = TimePoint::max();  // a ready newcomer waits for its cohort until
   TimePoint recovery_start{};
   bool recovering = false;

@@ -37,6 +37,53 @@ class Checkpoints {
       return;
     }
     paused_ = false;
+    Submit(state);
+  }
+
+  // When training returned on rank 0 (a clean finish): the final state, the newest commit, is
+  // the newest checkpoint before the process reports that it finished, so that the folder
+  // holds the trained model and the same command started again resumes from the end (it has
+  // nothing left to train). The write in progress, if any, finishes first.
+  void WriteFinal(State& state) {
+    const rendezvous::Assignment& a = agent_.assignment();
+    if (a.rank != 0 || state.version() == 0) return;
+    auto t0 = std::chrono::steady_clock::now();
+    Finish();
+    {
+      MutexLock g(mu_);
+      if (written_version_ >= state.version()) return;  // the newest commit is written already
+    }
+    if (agent_.driver_lost()) {
+      spdlog::warn("the final state (version {}) is not checkpointed: the driver is unreachable, "
+                   "and the folder may already be another run's",
+                   state.version());
+      return;
+    }
+    if (!Submit(state)) return;
+    Finish();
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    MutexLock g(mu_);
+    if (written_version_ == state.version()) {
+      spdlog::info("final checkpoint: version {} (step {}) written in {:.3f} s to {}",
+                   state.version(), state.progress().step, secs, written_path_);
+    }
+  }
+
+  // After the program returned: a job whose first round restored a checkpoint and made no
+  // commit since was complete already (its arguments asked for nothing more).
+  void SayIfAlreadyComplete(const State& state) {
+    if (restored_version_ > 0 && state.version() == restored_version_) {
+      spdlog::info("the job was already complete: checkpoint version {} holds its final state, "
+                   "and the program returned without training (give it arguments that ask for "
+                   "more, e.g. more epochs, to go on from there)",
+                   restored_version_);
+    }
+  }
+
+ private:
+  // Hands the newest commit's snapshot to the writer; false when there is nothing to write.
+  bool Submit(State& state) {
+    const rendezvous::Assignment& a = agent_.assignment();
     std::vector<CheckpointFile> files = state.CheckpointFiles();
     if (files.empty()) {
       if (!warned_unsupported_) {
@@ -44,7 +91,7 @@ class Checkpoints {
         spdlog::warn("--checkpoint-dir is set, but this program's state writes no checkpoint "
                      "files (an elastic::State subclass without CheckpointFiles())");
       }
-      return;
+      return false;
     }
     Progress p = state.progress();
     CheckpointInfo meta;
@@ -60,8 +107,10 @@ class Checkpoints {
       MutexLock g(mu_);
       pending_ = p;
     }
-    writer_.Submit(std::move(meta), std::move(files));
+    return writer_.Submit(std::move(meta), std::move(files));
   }
+
+ public:
 
   // Before the sync of a round whose rank 0 (this worker) holds no commit.
   void Restore(State& state) {
@@ -75,6 +124,7 @@ class Checkpoints {
     }
     spdlog::info("restored checkpoint version {} (step {}, epoch {}) from {}", restored->version,
                  restored->step, restored->epoch, restored->path);
+    restored_version_ = restored->version;
     agent_.ReportCheckpoint(rendezvous::ReportKind::kRestored, state.progress(), restored->path);
   }
 
@@ -94,6 +144,11 @@ class Checkpoints {
     }
     if (s.ok()) {
       failing_ = "";
+      {
+        MutexLock g(mu_);
+        written_version_ = std::max(written_version_, info.version);
+        written_path_ = info.path;
+      }
       agent_.ReportCheckpoint(rendezvous::ReportKind::kCheckpointed, p, info.path, secs);
       return;
     }
@@ -112,6 +167,9 @@ class Checkpoints {
   worker_agent::AgentImpl& agent_;
   Mutex mu_;
   Progress pending_ ELASTIC_GUARDED_BY(mu_);  // what the write in progress holds
+  int64_t written_version_ ELASTIC_GUARDED_BY(mu_) = 0;  // the newest written by this process
+  std::string written_path_ ELASTIC_GUARDED_BY(mu_);
+  int64_t restored_version_ = 0;  // the checkpoint this rank 0 restored (training thread only)
   std::string failing_;  // the writer thread's only
   bool warned_unsupported_ = false;
   bool paused_ = false;  // the driver is unreachable: said once
@@ -169,7 +227,11 @@ void RunLoop(State& state, const std::function<void(State&)>& train) {
         sync_time = SteadyClock::now() - t0;
       }
       train(state);
-      if (checkpoints) checkpoints->Finish();
+      if (checkpoints) {
+        checkpoints->WriteFinal(state);
+        checkpoints->Finish();
+        checkpoints->SayIfAlreadyComplete(state);
+      }
       agent.ReportFinished(state.version());
       return;
     } catch (const WorkerLostError& e) {
