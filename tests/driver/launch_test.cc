@@ -19,9 +19,13 @@ namespace elastic::driver {
 namespace {
 
 bool Alive(pid_t pid) {
+  // getline, not an istreambuf_iterator: a process reaped between the open and the read makes
+  // read() fail with ESRCH, which libstdc++'s filebuf throws as an exception that only an
+  // istream's sentry catches (the test failed once on it: "basic_filebuf::underflow error
+  // reading the file: No such process").
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (text.empty()) return false;
+  std::string text;
+  if (!std::getline(f, text) || text.empty()) return false;
   size_t paren = text.rfind(')');
   return paren != std::string::npos && text.size() > paren + 2 && text[paren + 2] != 'Z';
 }
