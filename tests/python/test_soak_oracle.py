@@ -68,3 +68,44 @@ def test_an_event_written_just_before_the_driver_ended_is_seen(tmp_path):
     found = soak.wait_event(soak.Events(str(log)), "driver_resumed", Ended(), 5.0)
     assert found == {"event": "driver_resumed", "resumed": True, "round": 25}
     assert soak.wait_event(soak.Events(str(log)), "worker_lost", Ended(), 5.0) is None
+
+
+def quiet(events, windows):
+    job = types.SimpleNamespace(ev=types.SimpleNamespace(all=events), quiet=windows)
+    return soak.Soak.quiet_problems(soak.Soak, job)
+
+
+def ev(ts, event, **fields):
+    return dict(fields, ts=T0 + ts, event=event)
+
+
+def test_the_jobs_own_end_during_a_discovery_fault_is_no_membership_change():
+    # Netns soak, seed 31494: the job's last step came while the discovery script misbehaved;
+    # its members' exits (code 0) and job_ending code 0 were flagged as a membership change.
+    members = ["h1:0", "h2:0", "h3:0"]
+    events = [ev(0, "round_proposed", round=4), ev(0.1, "round_formed", round=4, members=members),
+              ev(10.2, "worker_exited", slot="h1:0", code=0, status="exit status 0"),
+              ev(10.3, "worker_exited", slot="h2:0", code=0, status="exit status 0"),
+              ev(10.3, "worker_exited", slot="h3:0", code=0, status="exit status 0"),
+              ev(10.4, "job_ending", code=0, message="success")]
+    assert quiet(events, [(T0 + 10.0, T0 + 11.0)]) == []
+
+
+def test_an_exit_during_a_discovery_fault_that_is_not_the_end_is_flagged_with_the_rule():
+    members = ["h1:0", "h2:0", "h3:0"]
+    events = [ev(0, "round_proposed", round=4), ev(0.1, "round_formed", round=4, members=members),
+              ev(10.2, "worker_exited", slot="h3:0", code=0, status="exit status 0"),
+              ev(10.5, "round_proposed", round=5),
+              ev(10.6, "round_formed", round=5, members=members[:2]),
+              ev(20.0, "worker_exited", slot="h1:0", code=0, status="exit status 0"),
+              ev(20.0, "worker_exited", slot="h2:0", code=0, status="exit status 0"),
+              ev(20.1, "job_ending", code=0, message="success")]
+    problems = quiet(events, [(T0 + 10.0, T0 + 11.0)])
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("slot h3:0 exited with code 0 (exit status 0) at "), problems
+    assert "must keep the last good host set" in problems[0], problems
+    assert problems[1].startswith("round 5 proposed at "), problems
+    # A job that fails is no normal end: its members' exits stay flagged.
+    failed = [e for e in events if e["event"] != "job_ending"] + [
+        ev(20.1, "job_ending", code=1, message="reset limit")]
+    assert len(quiet(failed, [(T0 + 19.5, T0 + 20.5)])) == 2

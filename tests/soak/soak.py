@@ -964,15 +964,45 @@ class Soak:
         return []
 
     def quiet_problems(self, j):
+        """A discovery script that fails, hangs or prints garbage keeps the last good host set:
+        no round is proposed, no host removed and no worker exits for it. The job's own end is
+        not such a change: the exits of the last round's members with code 0, after its last
+        proposal, when the job then ends with code 0 (seed 31494 flagged them)."""
         problems = []
+        ends = self.end_of_job_exits(j.ev.all)
         for start, end in j.quiet:
             end = (end or time.time()) + 1.0  # one more discovery run after the restore
-            for e in j.ev.all:
-                if e["event"] in ("round_proposed", "host_removed", "worker_exited") and \
-                        start <= e["ts"] <= end:
-                    problems.append(f"{e['event']} at {e['ts']:.3f} while only the discovery "
-                                    f"script misbehaved ({start:.3f}-{end:.3f})")
+            for i, e in enumerate(j.ev.all):
+                if e["event"] not in ("round_proposed", "host_removed", "worker_exited") or \
+                        not start <= e["ts"] <= end or i in ends:
+                    continue
+                what = {"round_proposed": f"round {e.get('round')} proposed",
+                        "host_removed": f"host {e.get('host')} removed",
+                        "worker_exited": f"slot {e.get('slot')} exited with code "
+                                         f"{e.get('code')} ({e.get('status')})"}[e["event"]]
+                problems.append(f"{what} at {e['ts']:.3f} while only the discovery script "
+                                f"misbehaved ({start:.3f}-{end:.3f}): a failed discovery run "
+                                f"must keep the last good host set, changing no membership")
         return problems
+
+    @staticmethod
+    def end_of_job_exits(events):
+        """Indices of the worker_exited events that are the job's normal end: code 0, by a
+        member of the last formed round, after the last round proposed, before a job_ending
+        with code 0."""
+        ending = next((i for i, e in enumerate(events) if e["event"] == "job_ending"), None)
+        if ending is None or events[ending].get("code") != 0:
+            return set()
+        formed = [e for e in events[:ending] if e["event"] == "round_formed"]
+        if not formed:
+            return set()
+        members, since = set(formed[-1]["members"]), formed[-1]["ts"]
+        for e in events[:ending]:
+            if e["event"] == "round_proposed":
+                since = max(since, e["ts"])
+        return {i for i, e in enumerate(events[:ending])
+                if e["event"] == "worker_exited" and e.get("code") == 0
+                and e["slot"] in members and e["ts"] >= since}
 
     def main(self):
         seed = self.args.seed if self.args.seed is not None else random.SystemRandom().randrange(
