@@ -170,7 +170,9 @@ def test_a_throttled_pytorch_worker_is_named_a_straggler(elastic_run, tmp_path):
     example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_digits.py")
     log = str(tmp_path / "events.jsonl")
     try:
-        throttle = Throttle(f"elastic-straggler-torch-{os.getpid()}", 0.15)
+        # 5 % of a CPU: with torch 2.15 a step of this model is ~3 ms of CPU, which 15 % (15 ms
+        # per 100 ms period) barely slowed; the job ended before the window filled (CI, once).
+        throttle = Throttle(f"elastic-straggler-torch-{os.getpid()}", 0.05)
     except RuntimeError as e:
         pytest.skip(str(e))
     job = Job([elastic_run, "-np", "4", "--event-log", log, PY, example, "--epochs", "10",
