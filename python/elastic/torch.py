@@ -44,6 +44,18 @@ def _copy_tree(src, keep):
     return src
 
 
+def _clone_tree(src):
+    """A copy of a nest of dicts/lists/tuples with every tensor cloned."""
+    if isinstance(src, torch.Tensor):
+        return src.clone()
+    if isinstance(src, dict):
+        return {k: _clone_tree(v) for k, v in src.items()}
+    if isinstance(src, (list, tuple)):
+        out = [_clone_tree(v) for v in src]
+        return type(src)(out) if isinstance(src, tuple) else out
+    return src
+
+
 class TorchState(elastic.ObjectState):
     """A model, its optimizer, an ElasticSampler and any other values (`**attrs`, pickled)
     committed, restored and synced together. A commit copies every tensor of the model's and
@@ -88,8 +100,12 @@ class TorchState(elastic.ObjectState):
         if self.model is not None:
             self.model.load_state_dict(self._model_saved)
         if self.optimizer is not None:
-            # load_state_dict copies what it is given: the saved buffers stay the commit.
-            self._optimizer().load_state_dict(self._opt_saved)
+            # A copy: torch 2.x's Optimizer.load_state_dict keeps the tensors it is given
+            # (1.13 deep-copied them), so the optimizer would train on in the commit's own
+            # buffers (momentum, Adam's moments), and the next rollback would restore whatever
+            # they had become: a model off the fault-free one after two rollbacks (the soak,
+            # seed 510879041).
+            self._optimizer().load_state_dict(_clone_tree(self._opt_saved))
         if self.sampler is not None:
             self.sampler.load_state_dict(self._sampler_saved)
         elastic.ObjectState.restore(self)
