@@ -19,7 +19,7 @@ PACKAGES=(
   libgloo-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev catch2
   python3 python3-venv
   iproute2 procps openssh-server openssh-client gdb elfutils
-  libcpp-httplib-dev slurm-wlm munge nftables clang libfuzzer-14-dev
+  libcpp-httplib-dev slurm-wlm munge nftables clang libfuzzer-14-dev libclang-rt-14-dev
 )
 
 missing=()
