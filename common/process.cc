@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -313,7 +314,136 @@ void BecomeReaper() {
   _exit(127);
 }
 
+// Ends this process as `status` says the program ended (async-signal-safe): with its exit
+// code, or by its signal (no core dump of this process's own).
+[[noreturn]] void ExitLike(int status) {
+  if (WIFEXITED(status)) _exit(WEXITSTATUS(status));
+  int sig = WIFSIGNALED(status) ? WTERMSIG(status) : SIGKILL;
+  struct rlimit no_core = {0, 0};
+  setrlimit(RLIMIT_CORE, &no_core);
+  signal(sig, SIG_DFL);
+  sigset_t one;
+  sigemptyset(&one);
+  sigaddset(&one, sig);
+  sigprocmask(SIG_UNBLOCK, &one, nullptr);
+  kill(getpid(), sig);
+  _exit(128 + sig);
+}
+
+// The keeper side of LaunchSpec::status_dir, in the forked child (async-signal-safe calls
+// only): starts the program below it, sends its pid through `report`, and becomes the keeper
+// (an exec of spec.keeper_program, RunStatusKeeper). Should that exec fail, it waits for the
+// program itself and ends as it did, recording nothing.
+[[noreturn]] void KeepChild(const LaunchSpec& spec, const ChildPipes& p, const char* program,
+                            char** argv, char** envp, const char* keeper, char** keeper_argv,
+                            int report) {
+  setpgid(0, 0);
+  pid_t self = getpid();
+  pid_t w = fork();
+  if (w == 0) ExecChild(spec, p, self, program, argv, envp);
+  if (w > 0) setpgid(w, w);  // also here, so the group exists before the pid is known
+  ssize_t ignored = write(report, &w, sizeof w);
+  (void)ignored;
+  if (w < 0) _exit(127);
+  int devnull = open("/dev/null", O_RDWR);
+  if (devnull >= 0) {
+    dup2(devnull, 0);
+    dup2(devnull, 1);
+    dup2(devnull, 2);
+  }
+  CloseDescriptorsFrom(3);
+  char* no_env[] = {nullptr};
+  execve(keeper, keeper_argv, no_env);
+  int status = 0;
+  while (waitpid(w, &status, 0) < 0 && errno == EINTR) {
+  }
+  kill(-w, SIGKILL);
+  ExitLike(status);
+}
+
+std::string KeptStatusPath(const std::string& dir, pid_t pid) {
+  return dir + "/" + std::to_string(pid);
+}
+
+// A pidfd's process has ended (it is readable).
+bool Ended(int pidfd) {
+  pollfd gone{pidfd, POLLIN, 0};
+  return poll(&gone, 1, 0) == 1;
+}
+
 }  // namespace
+
+int RunStatusKeeper(int argc, char** argv) {
+  if (argc != 3 || std::string(argv[1]) != kStatusKeeperFlag) return 2;
+  const std::string dir = argv[2];
+  for (int sig : {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGPIPE, SIGALRM, SIGTSTP,
+                  SIGTTIN, SIGTTOU}) {
+    signal(sig, SIG_IGN);
+  }
+  signal(SIGCHLD, SIG_DFL);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  // Its one child: the program (started before the exec that made this process the keeper).
+  siginfo_t info{};
+  while (waitid(P_ALL, 0, &info, WEXITED | WNOWAIT) != 0) {
+    if (errno != EINTR) return 127;
+  }
+  pid_t program = info.si_pid;
+  // What it left in its group goes with it (Process::TryReap says why), while its pid, the
+  // group's id, cannot be taken by another process.
+  kill(-program, SIGKILL);
+  int status = 0;
+  while (waitpid(program, &status, 0) < 0 && errno == EINTR) {
+  }
+  const std::string path = KeptStatusPath(dir, program);
+  const std::string tmp = path + ".tmp";
+  const std::string text = std::to_string(status) + "\n";
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    bool wrote = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    close(fd);
+    if (!wrote || rename(tmp.c_str(), path.c_str()) != 0) unlink(tmp.c_str());
+  }
+  ExitLike(status);
+}
+
+StatusOr<int> KeptStatus(const std::string& status_dir, pid_t pid, bool remove) {
+  const std::string path = KeptStatusPath(status_dir, pid);
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return NotFound("no status recorded for process " + std::to_string(pid));
+  char buf[32] = {0};
+  ssize_t got = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (remove) unlink(path.c_str());
+  char* end = nullptr;
+  long v = got > 0 ? std::strtol(buf, &end, 10) : -1;
+  if (got <= 0 || end == buf || *end != '\n' || v < 0 || v > 0xffff) {
+    return InvalidArgument(path + " is not a recorded wait status");
+  }
+  return static_cast<int>(v);
+}
+
+bool IsStatusKeeper(pid_t pid, const std::string& status_dir) {
+  if (pid <= 1) return false;
+  int fd = open(("/proc/" + std::to_string(pid) + "/cmdline").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[4096];
+  ssize_t got = read(fd, buf, sizeof buf);
+  close(fd);
+  if (got <= 0) return false;
+  std::vector<std::string> args;
+  std::string cur;
+  for (ssize_t i = 0; i < got; ++i) {
+    if (buf[i] == '\0') {
+      args.push_back(cur);
+      cur.clear();
+    } else {
+      cur += buf[i];
+    }
+  }
+  return args.size() == 3 && args[1] == kStatusKeeperFlag && args[2] == status_dir;
+}
 
 StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
   if (spec.argv.empty()) return InvalidArgument("no command to run");
@@ -334,15 +464,53 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   pid_t parent = getpid();
+  const bool keep = !spec.status_dir.empty();
+  std::string keeper_flag = kStatusKeeperFlag, keeper_dir = spec.status_dir,
+              keeper_name = "elastic-run";
+  char* keeper_argv[] = {keeper_name.data(), keeper_flag.data(), keeper_dir.data(), nullptr};
+  int report[2] = {-1, -1};
+  if (keep && pipe2(report, O_CLOEXEC) != 0) {
+    std::string why = std::string("pipe: ") + strerror(errno);
+    pipes.CloseAll();
+    return Internal(why);
+  }
 
   pid_t pid = fork();
   if (pid < 0) {
     std::string why = std::string("fork: ") + strerror(errno);
     pipes.CloseAll();
+    if (keep) {
+      close(report[0]);
+      close(report[1]);
+    }
     return Internal(why);
+  }
+  if (pid == 0 && keep) {
+    KeepChild(spec, pipes, program.c_str(), argv.data(), envp.data(),
+              spec.keeper_program.c_str(), keeper_argv, report[1]);
   }
   if (pid == 0) ExecChild(spec, pipes, parent, program, argv.data(), envp.data());
   setpgid(pid, pid);  // also here, so the group exists before the driver signals it
+  pid_t keeper = 0;
+  if (keep) {
+    // The program's pid, from the keeper: written right after its fork.
+    close(report[1]);
+    pid_t program_pid = -1;
+    ssize_t got;
+    while ((got = read(report[0], &program_pid, sizeof program_pid)) < 0 && errno == EINTR) {
+    }
+    close(report[0]);
+    if (got != sizeof program_pid || program_pid <= 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      pipes.CloseAll();
+      return Internal("the status keeper could not start the program (fork failed)");
+    }
+    keeper = pid;
+    pid = program_pid;
+    // A status left by an earlier process that had this pid is not this one's.
+    unlink(KeptStatusPath(spec.status_dir, pid).c_str());
+  }
   close(pipes.out[1]);
   close(pipes.err[1]);
   if (pipes.in[1] >= 0) {
@@ -363,12 +531,16 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
   p->out_fd_ = pipes.out[0];
   p->err_fd_ = pipes.err[0];
   p->in_fd_ = pipes.in[1];
-  p->pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  p->keeper_ = keeper;
+  p->status_dir_ = spec.status_dir;
+  p->pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, keep ? keeper : pid, 0));
   if (p->pidfd_ < 0) {
     std::string why = std::string("pidfd_open: ") + strerror(errno);
     kill(-pid, SIGKILL);
     return Internal(why);  // p's destructor closes the pipes and reaps the child
   }
+  // -1 when the program is already gone (and reaped by its keeper): its keeper's end says so.
+  if (keep) p->program_pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
   return p;
 }
 
@@ -397,7 +569,8 @@ int64_t Process::stderr_offset() const {
 
 StatusOr<std::unique_ptr<Process>> Process::Adopt(pid_t pid, const std::string& stdout_file,
                                                   const std::string& stderr_file,
-                                                  int64_t stdout_offset, int64_t stderr_offset) {
+                                                  int64_t stdout_offset, int64_t stderr_offset,
+                                                  pid_t keeper, const std::string& status_dir) {
   std::unique_ptr<Process> p(new Process());
   p->adopted_ = true;
   p->pid_ = pid;
@@ -405,6 +578,19 @@ StatusOr<std::unique_ptr<Process>> Process::Adopt(pid_t pid, const std::string& 
   if (p->pidfd_ < 0) {
     if (errno == ESRCH) return NotFound("process " + std::to_string(pid) + " is gone");
     return Internal(std::string("pidfd_open: ") + strerror(errno));
+  }
+  if (keeper > 1 && !status_dir.empty()) {
+    // Its end is watched through its keeper, which records how it ended before it exits;
+    // checked after the pidfd is open, so the pid cannot be another keeper's by then.
+    int keeper_fd = static_cast<int>(syscall(SYS_pidfd_open, keeper, 0));
+    if (keeper_fd >= 0 && IsStatusKeeper(keeper, status_dir)) {
+      p->program_pidfd_ = p->pidfd_;
+      p->pidfd_ = keeper_fd;
+      p->keeper_ = keeper;
+      p->status_dir_ = status_dir;
+    } else if (keeper_fd >= 0) {
+      close(keeper_fd);
+    }
   }
   if (!stdout_file.empty() && !stderr_file.empty()) {
     int out = open(stdout_file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -428,10 +614,11 @@ Process::~Process() {
   CloseStderr();
   CloseStdin();
   if (pidfd_ >= 0) close(pidfd_);
+  if (program_pidfd_ >= 0) close(program_pidfd_);
   if (adopted_) return;  // not a child: nothing to reap, and its end is the driver's decision
   if (!reaped_ && pid_ > 0) {
     kill(-pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
+    waitpid(keeper_ > 0 ? keeper_ : pid_, nullptr, 0);
   }
 }
 
@@ -464,13 +651,47 @@ void Process::SignalGroup(int sig) const {
 
 bool Process::TryReap(int* code) {
   if (!reaped_ && adopted_) {
-    pollfd gone{pidfd_, POLLIN, 0};
-    if (poll(&gone, 1, 0) != 1) return false;
+    if (!Ended(pidfd_)) return false;
+    if (keeper_ > 0) {
+      auto kept = KeptStatus(status_dir_, pid_, true);
+      if (!kept.ok() && program_pidfd_ >= 0 && !Ended(program_pidfd_)) {
+        // The keeper was killed, the program runs on: watched directly from now on.
+        close(pidfd_);
+        pidfd_ = program_pidfd_;
+        program_pidfd_ = -1;
+        keeper_ = 0;
+        return false;
+      }
+      if (kept.ok()) {
+        raw_status_ = *kept;
+        status_known_ = true;
+      }
+    }
     reaped_ = true;
   }
-  if (adopted_) {
+  if (adopted_ && !status_known_) {
     *code = -1;
     return true;
+  }
+  if (!reaped_ && keeper_ > 0) {
+    // The keeper ends once it has killed what the program left in its group, reaped it and
+    // recorded its status, and ends the same way. Killed before the program ended, it takes
+    // the program with it here.
+    siginfo_t info{};
+    if (waitid(P_PID, static_cast<id_t>(keeper_), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+        info.si_pid != keeper_) {
+      return false;
+    }
+    if (program_pidfd_ >= 0 && !Ended(program_pidfd_)) {
+      syscall(SYS_pidfd_send_signal, program_pidfd_, SIGKILL, nullptr, 0);
+      kill(-pid_, SIGKILL);
+    }
+    int status = 0;
+    if (waitpid(keeper_, &status, WNOHANG) != keeper_) return false;
+    reaped_ = true;
+    raw_status_ = status;
+    CloseStdin();
+    unlink(KeptStatusPath(status_dir_, pid_).c_str());
   }
   if (!reaped_) {
     // Ended? (Looked at without reaping it: while the child is a zombie its pid, the id of
@@ -497,10 +718,15 @@ bool Process::TryReap(int* code) {
 
 std::string Process::DescribeExit() const {
   if (!reaped_) return "still running";
-  if (adopted_) return "an end whose status is unknown (adopted: not this driver's child)";
-  if (WIFEXITED(raw_status_)) return "exit status " + std::to_string(WEXITSTATUS(raw_status_));
+  if (adopted_ && !status_known_) {
+    return "an end whose status is unknown (adopted: not this driver's child)";
+  }
+  const std::string by_keeper = adopted_ ? " (recorded by its status keeper)" : "";
+  if (WIFEXITED(raw_status_)) {
+    return "exit status " + std::to_string(WEXITSTATUS(raw_status_)) + by_keeper;
+  }
   int sig = WTERMSIG(raw_status_);
-  return "signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
+  return "signal " + std::to_string(sig) + " (" + strsignal(sig) + ")" + by_keeper;
 }
 
 }  // namespace elastic

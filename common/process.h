@@ -37,7 +37,29 @@ struct LaunchSpec {
   // the descriptors are not pollable (follow them with inotify, see Process::output_in_files).
   // Both or neither.
   std::string stdout_file, stderr_file;
+  // Non-empty: the program runs under a status keeper, its parent, which outlives this
+  // process. When the program ends, the keeper kills what is left of its process group,
+  // writes its wait status to `<status_dir>/<program's pid>` (KeptStatus reads it) and exits
+  // with the same status (so a living parent sees the program's end as before). A process
+  // that adopts the program after this one died (Process::Adopt) learns how it ended from
+  // that file instead of "unknown". The keeper is `keeper_program` (this program by
+  // default) run with kStatusKeeperFlag: its main must call RunStatusKeeper. It has an empty
+  // environment, /dev/null as its streams, a process group of its own, and ignores every
+  // signal SIGKILL aside. pid() stays the program's.
+  std::string status_dir;
+  std::string keeper_program = "/proc/self/exe";
 };
+
+// The first argument that makes a program the status keeper of LaunchSpec::status_dir; its
+// main then returns RunStatusKeeper(argc, argv).
+inline constexpr const char* kStatusKeeperFlag = "--internal-status-keeper";
+// The keeper's main: waits for its one child, records its wait status, and exits with it.
+int RunStatusKeeper(int argc, char** argv);
+// The wait status a keeper recorded for `pid` in `status_dir`; NOT_FOUND when there is none
+// (the keeper has not written it yet, or was killed). `remove`: the file goes once read.
+StatusOr<int> KeptStatus(const std::string& status_dir, pid_t pid, bool remove);
+// Whether `pid` is a status keeper of `status_dir` (its command line says so).
+bool IsStatusKeeper(pid_t pid, const std::string& status_dir);
 
 // Lowers the calling thread's nice value by `boost` (threads it starts later inherit it), where
 // this process may (root, CAP_SYS_NICE, or RLIMIT_NICE allowing it); processes started later
@@ -63,13 +85,19 @@ class Process {
   // the driver before had read; past a file's end, or negative: from the end; empty paths: no
   // output). It cannot be reaped: TryReap says it ended once it is gone, with an unknown
   // status (code -1; DescribeExit says so). NOT_FOUND when it is gone already.
+  // With a keeper (LaunchSpec::status_dir: the keeper's pid and that folder), its end is
+  // watched through the keeper instead, and TryReap gives the status it recorded.
   static StatusOr<std::unique_ptr<Process>> Adopt(pid_t pid, const std::string& stdout_file,
                                                   const std::string& stderr_file,
                                                   int64_t stdout_offset = -1,
-                                                  int64_t stderr_offset = -1);
+                                                  int64_t stderr_offset = -1,
+                                                  pid_t keeper = 0,
+                                                  const std::string& status_dir = "");
   ~Process();  // closes the fds; does not kill (the driver decides)
 
   pid_t pid() const { return pid_; }
+  // The status keeper's pid (LaunchSpec::status_dir), or 0.
+  pid_t keeper() const { return keeper_; }
   int stdout_fd() const { return out_fd_; }
   int stderr_fd() const { return err_fd_; }
   int pidfd() const { return pidfd_; }
@@ -92,6 +120,9 @@ class Process {
   bool TryReap(int* code);
   bool reaped() const { return reaped_; }
   bool adopted() const { return adopted_; }
+  // Whether TryReap's code is how the program ended: always for a child, for an adopted one
+  // when its keeper recorded it.
+  bool status_known() const { return !adopted_ || status_known_; }
   // "exit status 3" or "signal 9 (Killed)".
   std::string DescribeExit() const;
 
@@ -101,6 +132,10 @@ class Process {
   bool reaped_ = false;
   bool output_in_files_ = false;
   bool adopted_ = false;
+  bool status_known_ = false;
+  pid_t keeper_ = 0;
+  int program_pidfd_ = -1;  // with a keeper: the program's own pidfd (pidfd_ is the keeper's)
+  std::string status_dir_;
   int raw_status_ = 0;
 };
 

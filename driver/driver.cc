@@ -301,6 +301,8 @@ void Driver::Launch(Worker& w, bool spare) {
   spec.env = env;
   if (w.local) {
     spec.argv = opts_.command;
+    // With a journal, a driver may adopt the worker: its keeper tells that one how it ended.
+    spec.status_dir = exits_dir_;
     if (inotify_fd_ >= 0 && !out_.files_dir().empty()) {
       spec.stdout_file = out_.WorkerFile(w.slot, 1);
       spec.stderr_file = out_.WorkerFile(w.slot, 2);
@@ -634,6 +636,7 @@ int Driver::Run() {
   // the journal: the job is over, a driver started on the folder again starts a new one.
   if (!spool_dir_.empty()) RemoveSpool(spool_dir_);
   if (!opts_.state_dir.empty()) RemoveJournal(opts_.state_dir);
+  RemoveKeptStatuses();
   if (policy_->exit_code() == 0) {
     spdlog::info("elastic-run: {}", policy_->final_message());
   } else {

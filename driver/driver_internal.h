@@ -203,6 +203,10 @@ class Driver : public rendezvous::Listener {
   Status OpenStateDir();
   // Adopts the journal's workers that still run and tells the policy (resume_ is set).
   void Adopt();
+  // How an adopted local worker that is gone ended, from its status keeper's record.
+  StatusOr<int> AwaitKeptStatus(const JournalWorker& jw);
+  // The status keepers' folder and what is in it (the job has ended).
+  void RemoveKeptStatuses();
   // Writes the journal (--state-dir) when a decision was made since the last write, or
   // something was heard and a second passed.
   void MaybeWriteJournal();
@@ -259,6 +263,12 @@ class Driver : public rendezvous::Listener {
 
   // --state-dir (driver/journal.h).
   int state_lock_fd_ = -1;
+  // Where local workers' status keepers record how they ended (common/process.h): the state
+  // folder's exits/; "" without --state-dir (a living driver is their parent and knows).
+  std::string exits_dir_;
+  // Local workers that ended while no driver ran and whose keepers recorded how: the code
+  // and its description, for Policy::OnResumed.
+  std::map<std::string, std::pair<int, std::string>> ended_at_resume_;
   std::optional<Journal> resume_;  // the journal of the job this driver adopts
   std::string bind_;               // where the server listens (kept in the journal)
   int64_t restarts_ = 0;           // drivers that adopted this job before and with this one

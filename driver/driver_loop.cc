@@ -142,8 +142,8 @@ bool Driver::ReapWorker(Worker& w, std::vector<char>& buf, int* code_out) {
   if (!w.proc->TryReap(&code)) return false;
   // Each line carries the rank of the round the worker is in.
   const std::string label = policy_->Label(w.slot);
-  // An adopted process is not this driver's child: how it ended is what its agent said
-  // (FINISHED, then exit 0), else a failure.
+  // An adopted process is not this driver's child: how it ended is what its status keeper
+  // recorded, else what its agent said (FINISHED, then exit 0), else a failure.
   if (w.attached) {
     w.exit_note = code == kAttachGone
                       ? "gone before this driver attached to it (adopted on " + w.host + ")"
@@ -151,7 +151,8 @@ bool Driver::ReapWorker(Worker& w, std::vector<char>& buf, int* code_out) {
                             ": not this driver's launch)";
   }
   if (w.proc->adopted() || w.attached) {
-    code = policy_->finished(w.slot) ? 0 : 1;
+    // Unless its status keeper recorded how it ended (common/process.h).
+    if (w.attached || !w.proc->status_known()) code = policy_->finished(w.slot) ? 0 : 1;
     // Gone before it re-attached: it finished, or died, while no driver ran, or this
     // driver sent it away (a scale-down it heard of through its Join), which is no loss.
     if (reattach_pending_.erase(w.slot) > 0 && code != 0) {

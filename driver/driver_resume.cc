@@ -11,6 +11,7 @@
 #include <sys/inotify.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +29,16 @@ Status Driver::OpenStateDir() {
   auto lock = LockStateDir(opts_.state_dir);
   if (!lock.ok()) return lock.status().WithContext("--state-dir");
   state_lock_fd_ = *lock;
+  // Local workers' status keepers record how they ended here (common/process.h).
+  const std::string exits = opts_.state_dir + "/exits";
+  struct stat st;
+  if ((mkdir(exits.c_str(), 0700) == 0 || errno == EEXIST) && lstat(exits.c_str(), &st) == 0 &&
+      S_ISDIR(st.st_mode) && st.st_uid == geteuid()) {
+    exits_dir_ = exits;
+  } else {
+    spdlog::warn("cannot use {} ({}): a driver that adopts this job will not know how its "
+                 "local workers ended", exits, strerror(errno));
+  }
   auto journal = ReadJournal(opts_.state_dir);
   if (!journal.ok() && journal.status().code() == Code::kNotFound) return Status::Ok();
   if (!journal.ok()) {
@@ -125,10 +136,18 @@ void Driver::Adopt() {
     }
     if (!StillRunning(jw)) {
       lost_at_resume_.push_back(slot);
+      auto kept = AwaitKeptStatus(jw);
+      if (kept.ok()) {
+        int code = WIFEXITED(*kept) ? WEXITSTATUS(*kept) : 128 + WTERMSIG(*kept);
+        std::string how = WIFEXITED(*kept) ? fmt::format("exit status {}", code)
+                                           : fmt::format("signal {} ({})", WTERMSIG(*kept),
+                                                         strsignal(WTERMSIG(*kept)));
+        ended_at_resume_[slot] = {code, how + " (recorded by its status keeper)"};
+      }
       continue;
     }
-    auto proc =
-        Process::Adopt(jw.pid, jw.stdout_file, jw.stderr_file, jw.stdout_offset, jw.stderr_offset);
+    auto proc = Process::Adopt(jw.pid, jw.stdout_file, jw.stderr_file, jw.stdout_offset,
+                               jw.stderr_offset, static_cast<pid_t>(jw.keeper_pid), exits_dir_);
     if (!proc.ok()) {
       lost_at_resume_.push_back(slot);
       continue;
@@ -158,7 +177,7 @@ void Driver::Adopt() {
           : fmt::format(", {} ended while no driver ran [{}]", lost_at_resume_.size(),
                         fmt::join(lost_at_resume_, " ")),
       resume_->core.formed_round);
-  policy_->OnResumed(adopted_);
+  policy_->OnResumed(adopted_, ended_at_resume_);
   CheckReattached(false);
 }
 
@@ -224,6 +243,7 @@ void Driver::MaybeWriteJournal() {
     jw.start_ticks = w.start_ticks;
     jw.local = w.local;
     jw.host = w.host;
+    jw.keeper_pid = w.local ? w.proc->keeper() : 0;
     if (!w.local && !w.remote.dir.empty()) {
       // The worker on its host, not the launcher here: the driver that adopts the job
       // attaches to it there (driver/launch.h).
@@ -253,6 +273,36 @@ void Driver::MaybeWriteJournal() {
                  wrote.message());
   }
   journal_error_ = wrote.ok() ? "" : wrote.message();
+}
+
+StatusOr<int> Driver::AwaitKeptStatus(const JournalWorker& jw) {
+  if (!jw.local || jw.keeper_pid <= 1 || exits_dir_.empty()) {
+    return NotFound("no status keeper");
+  }
+  const pid_t keeper = static_cast<pid_t>(jw.keeper_pid);
+  // A keeper still running has reaped the worker or is about to: it writes the status, then
+  // exits. Waited for up to 2 s.
+  int fd = static_cast<int>(syscall(SYS_pidfd_open, keeper, 0));
+  if (fd >= 0) {
+    if (IsStatusKeeper(keeper, exits_dir_)) {
+      pollfd gone{fd, POLLIN, 0};
+      while (poll(&gone, 1, 2000) < 0 && errno == EINTR) {
+      }
+    }
+    close(fd);
+  }
+  return KeptStatus(exits_dir_, static_cast<pid_t>(jw.pid), true);
+}
+
+void Driver::RemoveKeptStatuses() {
+  if (exits_dir_.empty()) return;
+  if (DIR* d = opendir(exits_dir_.c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] != '.') unlinkat(dirfd(d), e->d_name, 0);
+    }
+    closedir(d);
+  }
+  rmdir(exits_dir_.c_str());
 }
 
 bool Driver::AttachRemote(Worker& w, const JournalWorker& jw) {

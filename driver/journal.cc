@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -104,7 +105,8 @@ Status WriteJournal(const std::string& dir, const Journal& j) {
                      {"stdout_offset", w.stdout_offset},
                      {"stderr_offset", w.stderr_offset},
                      {"remote_dir", w.remote_dir},
-                     {"remote_group", w.remote_group}};
+                     {"remote_group", w.remote_group},
+                     {"keeper_pid", w.keeper_pid}};
   }
   json doc = {{"format", kFormat},      {"argv", j.argv},
               {"bind", j.bind},         {"driver_addr", j.driver_addr},
@@ -177,6 +179,11 @@ void ParseWorker(const json& w, const std::string& at, JournalWorker* out) {
   Get(w, "stderr_offset", &out->stderr_offset, at);
   Get(w, "remote_dir", &out->remote_dir, at);
   Get(w, "remote_group", &out->remote_group, at);
+  // Absent from the journals of drivers before status keepers.
+  if (w.contains("keeper_pid")) Get(w, "keeper_pid", &out->keeper_pid, at);
+  if (out->keeper_pid < 0 || out->keeper_pid > std::numeric_limits<pid_t>::max()) {
+    throw std::runtime_error(at + ".keeper_pid is out of range");
+  }
   if (!out->remote_dir.empty()) {
     if (out->local || out->remote_dir[0] != '/' || out->remote_dir.size() > 1000) {
       throw std::runtime_error(at + ".remote_dir is out of range");

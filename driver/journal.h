@@ -36,6 +36,9 @@ struct JournalWorker {
   // what `kill` takes for its process group. "" and 0 otherwise.
   std::string remote_dir;
   int64_t remote_group = 0;
+  // A local worker's status keeper (common/process.h, LaunchSpec::status_dir), or 0: it
+  // records how the worker ended in the state folder's exits/ for the driver that adopts it.
+  int64_t keeper_pid = 0;
 };
 
 struct Journal {

@@ -501,6 +501,11 @@ int Fail(const std::string& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A local worker's status keeper (common/process.h): this program, started again by the
+  // driver below the worker, with an empty environment.
+  if (argc > 1 && std::string(argv[1]) == elastic::kStatusKeeperFlag) {
+    return elastic::RunStatusKeeper(argc, argv);
+  }
   if (argc > 1 && std::string(argv[1]) == "status") return StatusMain(argc, argv);
   // Before any thread exists: the driver receives these through a signalfd.
   elastic::driver::BlockDriverSignals();

@@ -612,7 +612,8 @@ bool Policy::finished(const std::string& slot) const {
   return it != s_.workers.end() && it->second.finished;
 }
 
-void Policy::OnResumed(const std::vector<std::string>& adopted) {
+void Policy::OnResumed(const std::vector<std::string>& adopted,
+                        const std::map<std::string, std::pair<int, std::string>>& ended) {
   std::set<std::string> kept(adopted.begin(), adopted.end());
   std::vector<std::string> gone;
   for (auto& [slot, w] : s_.workers) {
@@ -645,8 +646,13 @@ void Policy::OnResumed(const std::vector<std::string>& adopted) {
     Emit(std::move(propose));
   }
   for (const auto& slot : gone) {
-    OnExit(slot, s_.workers[slot].finished ? 0 : 1,
-           "ended while no driver ran (its exit status is unknown)");
+    auto known = ended.find(slot);
+    if (known != ended.end()) {
+      OnExit(slot, known->second.first, "ended while no driver ran: " + known->second.second);
+    } else {
+      OnExit(slot, s_.workers[slot].finished ? 0 : 1,
+             "ended while no driver ran (its exit status is unknown)");
+    }
   }
 }
 

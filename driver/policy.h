@@ -117,7 +117,11 @@ class Policy {
   // Watch again within --rendezvous-timeout, or it is lost. Every other slot the state says
   // runs ended while no driver ran: an exit of unknown status (0 when it had reported
   // FINISHED). A round proposed but not formed is proposed again.
-  void OnResumed(const std::vector<std::string>& adopted);
+  // `ended`: of the slots that ended while no driver ran, those whose end is known (their
+  // status keepers recorded it): the code and how it ended. The others end with 0 when they
+  // had finished, else 1.
+  void OnResumed(const std::vector<std::string>& adopted,
+                 const std::map<std::string, std::pair<int, std::string>>& ended = {});
   // The slot's worker reported FINISHED (an adopted process's end says nothing of its status).
   bool finished(const std::string& slot) const;
   // The slot's worker was told to go (scaled away) or said it leaves: its end is expected.

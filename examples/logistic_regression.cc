@@ -9,12 +9,14 @@
 //
 // Options: --samples N (4096)  --features D (16)  --epochs E (5)  --global-batch G (48)
 //          --lr X (0.5)  --commit-every K (4)  --step-ms MS (0)  --ledger PREFIX (none)
-//          --leave-exit CODE (0)  --work-ms MS (0)
+//          --leave-exit CODE (0)  --work-ms MS (0)  --final-exit CODE (0)
 // --step-ms sleeps MS per step (time, not CPU); --work-ms computes for MS of this thread's CPU
 // time per step, so that a worker whose CPU is throttled (a cgroup quota) is slower than its
 // peers, as a straggler is (tests/python/test_stragglers.py).
 // SIGUSR1 makes a worker leave the job gracefully at its next step: it tells the driver
 // (LEAVING) and exits with --leave-exit's code (a negative code: it waits to be killed).
+// --final-exit: the status a worker ends with once trained (a negative code -N: it kills
+// itself with signal N), for tests of how a job takes a worker that fails at its very end.
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,6 +45,7 @@ struct Options {
   int work_ms = 0;
   std::string ledger;
   int leave_exit = 0;
+  int final_exit = 0;
 };
 
 // Computes for `ms` milliseconds of this thread's CPU time (the result is kept from the
@@ -86,6 +89,8 @@ Options Parse(int argc, char** argv) {
       o.ledger = v;
     else if (k == "--leave-exit")
       o.leave_exit = std::atoi(v.c_str());
+    else if (k == "--final-exit")
+      o.final_exit = std::atoi(v.c_str());
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       std::exit(2);
@@ -268,5 +273,10 @@ int main(int argc, char** argv) {
                 model[2], model[3], static_cast<unsigned long long>(Hash(model)));
   }
   if (ledger) std::fclose(ledger);
-  return 0;
+  if (o.final_exit < 0) {
+    std::fflush(stdout);
+    signal(-o.final_exit, SIG_DFL);
+    raise(-o.final_exit);
+  }
+  return o.final_exit;
 }

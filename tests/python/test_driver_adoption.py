@@ -214,8 +214,60 @@ def test_a_worker_that_died_during_the_outage_is_lost_and_the_job_goes_on(
     assert f"hash {fault_free_hash}" in second.text(), second.text()
     problems = ledger.check(book, SAMPLES, EPOCHS, max_rollback=5)
     assert not problems, "\n".join(problems)
-    resumed = [e for e in events(log) if e["event"] == "driver_resumed"]
+    evs = events(log)
+    resumed = [e for e in evs if e["event"] == "driver_resumed"]
     assert len(resumed) == 1 and resumed[0]["lost"] == ["localhost:2"], resumed
+    # How it ended is known, though no driver was its parent: its status keeper recorded it.
+    exits = [e for e in evs if e["event"] == "worker_exited" and e["slot"] == "localhost:2"]
+    assert [(e["code"], e["status"]) for e in exits] == [
+        (137, "ended while no driver ran: signal 9 (Killed) (recorded by its status keeper)")], exits
+
+
+# After training, the worker of slot localhost:1 ends badly: a shell wrapper around it exits
+# 3, or kills itself with SIGSEGV, once the program has reported FINISHED and exited 0.
+FAIL_AFTER = ('"$@"; c=$?; [ "$ELASTIC_SLOT" = localhost:1 ] && [ $c -eq 0 ] && '
+              '{ sleep 0.3; %s; }; exit $c')
+
+
+@pytest.mark.parametrize("ending,code,status", [
+    ("exit 3", 3, "exit status 3"),
+    ("kill -SEGV $$", 139, "signal 11 (Segmentation fault)"),
+    (None, None, "signal 11 (Segmentation fault)")])
+def test_an_adopted_worker_that_fails_at_its_end_fails_the_job(
+        elastic_run, example, tmp_path, ending, code, status):
+    """A driver that adopted the job is not the workers' parent, yet it learns how each ended
+    (its status keeper recorded it, common/process.h): a worker that reported FINISHED and
+    then exits 3, or crashes, is a failed worker and the job fails with its code, as under
+    the driver that started it; never a silent success. The wrapper's shell is adopted too:
+    the keeper, not the driver, is its parent, so it does not die with the driver (the
+    PR_SET_PDEATHSIG a local worker is started with). Last, every worker crashing as its
+    training ends (the example's --final-exit -11, before FINISHED is out): they failed,
+    there is no one left, and the job fails."""
+    marker = f"adopt-fail-{code}-{os.getpid()}"
+    state, book, log = tmp_path / "state", str(tmp_path / "ledger"), tmp_path / "events.jsonl"
+    args = command(elastic_run, example, state, book, log)
+    if ending:
+        at = args.index(example)
+        args[at:at] = ["sh", "-c", FAIL_AFTER % ending, "sh"]
+    else:
+        args += ["--final-exit", "-11"]
+    first = Job(args, env=marked_env(marker))
+    second = None
+    try:
+        first.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
+        kill_driver(first)
+        second = Job(args, env=marked_env(marker))
+        second.wait_for(r"resuming the job in .*adopted 2 running worker", timeout=30)
+        rc = second.wait(timeout=120)
+    finally:
+        end(marker, first, second)
+    assert rc != 0 and rc == (code or rc), second.text()
+    assert f"failed: {status} (recorded by its status keeper)" in second.text(), second.text()
+    exits = {e["slot"]: e for e in events(log) if e["event"] == "worker_exited"}
+    assert exits["localhost:1"]["code"] == (code or 139), exits
+    assert exits["localhost:0"]["code"] == (0 if ending else 139), exits
+    ended = [e for e in events(log) if e["event"] == "job_ended"]
+    assert [e["code"] for e in ended] == [rc], ended
 
 
 def test_a_journal_whose_workers_are_all_gone_starts_the_job_afresh(
