@@ -144,7 +144,15 @@ bool Driver::ReapWorker(Worker& w, std::vector<char>& buf, int* code_out) {
   const std::string label = policy_->Label(w.slot);
   // An adopted process is not this driver's child: how it ended is what its status keeper
   // recorded, else what its agent said (FINISHED, then exit 0), else a failure.
-  if (w.attached) {
+  // A remote one's attach script exits with the status its keeper recorded on the host when
+  // that is not 0 (driver/launch.h).
+  const bool attached_known = w.attached && code != 0 && code != kAttachGone;
+  if (attached_known) {
+    w.exit_note = (code > 128 && code < 160
+                       ? fmt::format("signal {} ({})", code - 128, strsignal(code - 128))
+                       : fmt::format("exit status {}", code)) +
+                  " (recorded by its status keeper on " + w.host + ")";
+  } else if (w.attached) {
     w.exit_note = code == kAttachGone
                       ? "gone before this driver attached to it (adopted on " + w.host + ")"
                       : "an end whose status is unknown (adopted on " + w.host +
@@ -152,10 +160,13 @@ bool Driver::ReapWorker(Worker& w, std::vector<char>& buf, int* code_out) {
   }
   if (w.proc->adopted() || w.attached) {
     // Unless its status keeper recorded how it ended (common/process.h).
-    if (w.attached || !w.proc->status_known()) code = policy_->finished(w.slot) ? 0 : 1;
-    // Gone before it re-attached: it finished, or died, while no driver ran, or this
-    // driver sent it away (a scale-down it heard of through its Join), which is no loss.
-    if (reattach_pending_.erase(w.slot) > 0 && code != 0) {
+    if (w.attached ? !attached_known : !w.proc->status_known()) {
+      code = policy_->finished(w.slot) ? 0 : 1;
+    }
+    // Gone before it re-attached: it finished (exit 0 after FINISHED: no loss), or died,
+    // while no driver ran, or this driver sent it away (a scale-down it heard of through
+    // its Join), which is no loss either.
+    if (reattach_pending_.erase(w.slot) > 0 && !(code == 0 && policy_->finished(w.slot))) {
       (policy_->sent_away(w.slot) ? left_at_resume_ : lost_at_resume_).push_back(w.slot);
     }
     CheckReattached(false);

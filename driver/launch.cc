@@ -12,13 +12,15 @@ namespace elastic::driver {
 
 namespace {
 
-// The watcher of a kept stdin, run as `sh -c WATCHER GROUP DIR` with the launcher's stdin. A
+// The watcher of a kept stdin, run as `sh -c WATCHER GROUP DIR` with the launcher's stdin
+// (GROUP empty: the one the worker's keeper names in DIR/group, waited for up to 3 s). A
 // "stop" line, or the end of the stdin, ends the worker's group (SIGTERM, SIGKILL after the
 // grace period); but at the end of the stdin without "stop", a worker whose agent rides out a
 // lost driver (it made DIR/ride-out, worker_agent/worker_agent.h) is left running: the driver
 // died, and the worker exits by itself past --driver-timeout, or is adopted. The agent makes
 // the file when its own stream to the driver breaks, at about the moment the stdin closes:
-// the watcher looks for it for 2 s. Once it has ended the worker, it removes DIR (the
+// the watcher looks for it for 2 s, and marks the worker adoptable (DIR/adoptable) when it
+// leaves it running. Once it has ended the worker, it removes DIR (the
 // worker's output files): nothing will read them again, and a relay still reading keeps its
 // open descriptor. The watcher runs in a session of its own, so this holds when SIGKILL took
 // the launcher's group, the script and its relays with it.
@@ -27,19 +29,32 @@ std::string Watcher(int grace_seconds) {
   return "l=; while IFS= read -r l; do [ \"$l\" = stop ] && break; done; "
          "if [ \"$l\" != stop ] && [ -n \"$1\" ]; then i=0; "
          "while [ $i -lt 20 ] && [ ! -e \"$1/ride-out\" ]; do sleep 0.1; i=$((i+1)); done; "
-         "[ -e \"$1/ride-out\" ] && exit 0; fi; "
-         "kill -TERM $0 2>/dev/null; i=0; "
+         "[ -e \"$1/ride-out\" ] && { : >\"$1/adoptable\"; exit 0; }; fi; "
+         "g=$0; i=0; while [ -z \"$g\" ] && [ $i -lt 300 ]; do "
+         "g=$(cat \"$1/group\" 2>/dev/null); [ -z \"$g\" ] && sleep 0.01; i=$((i+1)); done; "
+         "kill -TERM $g 2>/dev/null; i=0; "
          "while [ $i -lt " +
          grace +
-         " ] && kill -0 $0 2>/dev/null; do sleep 1; i=$((i+1)); "
-         "done; kill -KILL $0 2>/dev/null; [ -n \"$1\" ] && rm -rf \"$1\"";
+         " ] && kill -0 $g 2>/dev/null; do sleep 1; i=$((i+1)); "
+         "done; kill -KILL $g 2>/dev/null; [ -n \"$1\" ] && rm -rf \"$1\"";
 }
 
-// Starts the Watcher on the launcher's stdin (fd 3) in a session of its own, as $w, and
-// closes fd 3 in the script.
-std::string StartWatcher(int grace_seconds) {
-  return "$S sh -c " + ShellQuote(Watcher(grace_seconds)) +
-         " \"$g\" \"$D\" <&3 >/dev/null 2>&1 &\nw=$!\nexec 3<&-\n";
+// Sets $c to the status the worker's keeper recorded in $D/status (waited for up to 2 s:
+// it writes it once it has reaped the worker), when there is one and it is not 0; $c is
+// left as it was otherwise.
+std::string KeptStatus() {
+  return "i=0; while [ ! -e \"$D/status\" ] && [ -e \"$D/pid\" ] && [ $i -lt 200 ]; do sleep 0.01; "
+         "i=$((i+1)); done; r=$(cat \"$D/status\" 2>/dev/null); "
+         "case \"$r\" in ''|0|*[!0-9]*) ;; *) [ \"$r\" -lt 256 ] && c=$r;; esac";
+}
+
+// Starts the Watcher on the launcher's stdin (fd 3) in a session of its own, as $w, for the
+// group `group` (a shell word; '' for the one the keeper names), and closes fd 3 in the
+// script when `close` says so.
+std::string StartWatcher(int grace_seconds, const std::string& group = "\"$g\"",
+                         bool close = true) {
+  return "$S sh -c " + ShellQuote(Watcher(grace_seconds)) + " " + group +
+         " \"$D\" <&3 >/dev/null 2>&1 &\nw=$!\n" + (close ? "exec 3<&-\n" : "");
 }
 
 // Relays the worker's output files from byte offsets (shell expressions) to this script's
@@ -53,6 +68,23 @@ std::string Relays(const std::string& out_from, const std::string& err_from) {
          " -s 0.1 -f --pid=$p \"$D/stdout\" 2>/dev/null & t1=$!\n"
          "tail ---disable-inotify -c +" +
          err_from + " -s 0.1 -f --pid=$p \"$D/stderr\" >&2 2>/dev/null & t2=$!\n";
+}
+
+// The worker's status keeper, run as `sh -c KEEPER elastic-keeper DIR COMMAND...` in a
+// session of its own: it starts the command, names its pid in DIR/pid, waits for it, and
+// records its status ($? of `wait`: 128+N for signal N) in DIR/status before it exits with
+// it. A session of its own, because the script that starts it may die with the driver (a
+// launcher such as `ip netns exec H sh -c` is the driver's child, and dies with it); the
+// keeper then still knows how the worker ended, for the driver that adopts the job
+// (AttachScript). Signals that reach its group are ignored (a trap, which the command does
+// not inherit). It names the worker's process group (what `kill` takes) in DIR/group first,
+// for the watcher, which is started before it.
+std::string Keeper() {
+  return "D=$1; shift; trap : HUP INT TERM; \"$@\" & p=$!; g=$p; [ \"$1\" = setsid ] && g=-$p; "
+         "echo $g >\"$D/group.tmp\" && mv \"$D/group.tmp\" \"$D/group\"; "
+         "echo $p >\"$D/pid.tmp\" && mv \"$D/pid.tmp\" \"$D/pid\"; "
+         "wait $p; c=$?; while kill -0 $p 2>/dev/null; do wait $p; c=$?; done; "
+         "echo $c >\"$D/status.tmp\" && mv \"$D/status.tmp\" \"$D/status\"; exit $c";
 }
 
 }  // namespace
@@ -76,12 +108,20 @@ std::string RemoteScript(const std::string& cwd, const std::map<std::string, std
   // * The watcher (Watcher above) ends the worker's group on "stop" or at the end of its
   //   stdin, unless the worker rides out a lost driver; the script kills the watcher when
   //   the worker ends first.
+  // * With the folder, the worker runs below a keeper (Keeper above) in a session of its
+  //   own, which records its status there ($D/status) even when this script died with the
+  //   driver; the script waits for the keeper, whose status is the worker's.
   // * `wait` returns early when a trapped signal arrives: it is repeated while the worker
   //   lives.
   // * The folder goes when the worker has ended: here, or by the watcher when it ended the
   //   worker (SIGKILL of the launcher's group takes this script and the relays with it).
   //   Only a worker that rode out a lost driver, whose relays were cut, leaves it, for the
-  //   driver that adopts it (AttachScript) or for the user.
+  //   driver that adopts it (AttachScript: it reads the rest of the output and the recorded
+  //   status, then removes it) or for the user. That it rode out is what the watcher marked
+  //   (DIR/adoptable) when it let it run: the ride-out file alone does not say, its agent
+  //   removes it once it has re-attached (this script outlives a launcher that died with the
+  //   driver, and removed the folder before the adopting driver's attach script had read the
+  //   status: tests/python/test_driver_adoption.py).
   std::string s;
   s += "cd " + ShellQuote(cwd) + " || exit 1\n";
   s += "IFS= read -r ELASTIC_JOB_TOKEN || { echo 'elastic-run: no job token on stdin' >&2; "
@@ -98,27 +138,41 @@ std::string RemoteScript(const std::string& cwd, const std::map<std::string, std
   // Made here, not by the worker's redirections, which run in the background: the relays
   // must find them.
   s += "  : >\"$D/stdout\"; : >\"$D/stderr\"\n";
-  s += "  $S env ELASTIC_RIDE_OUT_FILE=\"$D/ride-out\" " + run +
+  // The watcher first: the launcher may be killed at any moment from now on (the driver
+  // gave up on the launch), and the worker must then not outlive the stdin.
+  s += "  " + StartWatcher(grace_seconds, "''", false);
+  s += "  $S sh -c " + ShellQuote(Keeper()) +
+       " elastic-keeper \"$D\" $S env ELASTIC_RIDE_OUT_FILE=\"$D/ride-out\" " + run +
        " >>\"$D/stdout\" 2>>\"$D/stderr\" &\n";
+  s += "  k=$!; i=0\n";
+  s += "  while [ ! -s \"$D/pid\" ] && kill -0 $k 2>/dev/null && [ $i -lt 3000 ]; do sleep 0.01; "
+       "i=$((i+1)); done\n";
+  s += "  p=$(cat \"$D/pid\" 2>/dev/null)\n";
+  s += "  case \"$p\" in ''|*[!0-9]*) echo 'elastic-run: the worker did not start on this host' "
+       ">&2; kill -KILL $k $w 2>/dev/null; rm -rf \"$D\"; exit 1;; esac\n";
   s += "else\n";
   s += "  $S " + run + " &\n";
+  s += "  p=$!; k=$p\n";
   s += "fi\n";
-  s += "p=$!; g=$p; [ -n \"$S\" ] && g=-$p\n";
+  s += "g=$p; [ -n \"$S\" ] && g=-$p\n";
   s += "trap 'kill -TERM $g 2>/dev/null' TERM INT HUP\n";
   s += "a=1; b=1\n";
   s += "if [ -n \"$D\" ]; then\n";
   s += "  echo \"" + std::string(kRemoteHeader) + " $p $g $D\" >&2\n";
   s += Relays("1", "1");
   s += "fi\n";
+  s += "if [ -n \"$D\" ]; then exec 3<&-; else\n";
   s += StartWatcher(grace_seconds);
-  s += "wait $p; c=$?\n";
-  s += "while kill -0 $p 2>/dev/null; do wait $p; c=$?; done\n";
+  s += "fi\n";
+  s += "wait $k; c=$?\n";
+  s += "while kill -0 $k 2>/dev/null; do wait $k; c=$?; done\n";
   s += "if [ -n \"$D\" ]; then wait $t1; a=$?; wait $t2; b=$?; fi\n";
   s += "kill $w 2>/dev/null\n";
   // A worker killed while its host's shared-memory segment was still named leaves it behind
   // (worker_agent/shm_group.cc names them elastic-<pid>-<token>).
   s += "rm -f /dev/shm/elastic-$p-* 2>/dev/null\n";
-  s += "[ -n \"$D\" ] && { { [ $a -eq 0 ] && [ $b -eq 0 ]; } || [ ! -e \"$D/ride-out\" ]; } && "
+  s += "[ -n \"$D\" ] && { { [ $a -eq 0 ] && [ $b -eq 0 ]; } || "
+       "{ [ ! -e \"$D/ride-out\" ] && [ ! -e \"$D/adoptable\" ]; }; } && "
        "rm -rf \"$D\"\n";
   s += "trap - TERM INT HUP\n";
   s += "[ $c -gt 128 ] && [ $c -lt 160 ] && kill -$((c - 128)) $$\n";
@@ -137,10 +191,11 @@ std::string AttachScript(const RemoteWorker& w, int64_t stdout_offset, int64_t s
   s += "if ! kill -0 $p 2>/dev/null || ! tr '\\0' '\\n' </proc/$p/environ 2>/dev/null | "
        "grep -qx " +
        ShellQuote("ELASTIC_WORKER_ID=" + w.worker_id) + "; then\n";
+  s += "  c=" + std::to_string(kAttachGone) + "\n";
   s += "  if [ -d \"$D\" ]; then tail -c +" + from(stdout_offset) +
        " \"$D/stdout\" 2>/dev/null; tail -c +" + from(stderr_offset) +
-       " \"$D/stderr\" >&2 2>/dev/null; rm -rf \"$D\"; fi\n";
-  s += "  exit " + std::to_string(kAttachGone) + "\n";
+       " \"$D/stderr\" >&2 2>/dev/null; " + KeptStatus() + "; rm -rf \"$D\"; fi\n";
+  s += "  exit $c\n";
   s += "fi\n";
   s += "S=; command -v setsid >/dev/null 2>&1 && S=setsid\n";
   s += "exec 3<&0\n";
@@ -151,8 +206,9 @@ std::string AttachScript(const RemoteWorker& w, int64_t stdout_offset, int64_t s
   s += "wait $t1; a=$?; wait $t2; b=$?\n";
   s += "kill $w 2>/dev/null\n";
   s += "rm -f /dev/shm/elastic-$p-* 2>/dev/null\n";
+  s += "c=0; " + KeptStatus() + "\n";
   s += "[ $a -eq 0 ] && [ $b -eq 0 ] && rm -rf \"$D\"\n";
-  s += "exit 0\n";
+  s += "exit $c\n";
   return s;
 }
 

@@ -31,7 +31,9 @@ namespace elastic::driver {
 // (ParseRemoteHeader), for the driver's journal. Such a worker outlives a driver that died:
 // its stdin closing without a "stop" line first does not end a worker whose agent says it
 // rides out the outage (ELASTIC_RIDE_OUT_FILE), and the driver that adopts the job attaches to
-// it (AttachScript). "stop" on the stdin is how the driver ends it.
+// it (AttachScript). "stop" on the stdin is how the driver ends it. Such a worker runs below a
+// status keeper, a shell in a session of its own that outlives this script (which may die with
+// the driver) and records the worker's status in the folder (DIR/status) for AttachScript.
 std::string RemoteScript(const std::string& cwd, const std::map<std::string, std::string>& env,
                          const std::vector<std::string>& command, int grace_seconds);
 
@@ -50,9 +52,12 @@ StatusOr<RemoteWorker> ParseRemoteHeader(const std::string& line);
 // The /bin/sh script a driver that adopted a job runs on a remote worker's host, through the
 // same launcher: when the pid still runs the worker (its ELASTIC_WORKER_ID in
 // /proc/PID/environ), it relays the worker's files from the offsets given (what was shown)
-// and watches its stdin as RemoteScript does, until the worker ends; it then exits 0 (the
-// worker's status is not known to it). When the worker is gone it prints what the files hold
-// past the offsets and exits kAttachGone. The first line of its stdin is read and ignored.
+// and watches its stdin as RemoteScript does, until the worker ends; it then exits with the
+// status the worker's keeper recorded when that is not 0 (a shell's code: 128+N for signal
+// N), else 0 (ended with 0, or how is not known). When the worker is gone it prints what the
+// files hold past the offsets and exits with the recorded status, or kAttachGone when none
+// is known (a worker that itself exits 97 reads as that). The first line of its stdin is
+// read and ignored.
 inline constexpr int kAttachGone = 97;
 std::string AttachScript(const RemoteWorker& w, int64_t stdout_offset, int64_t stderr_offset,
                          int grace_seconds);

@@ -270,6 +270,40 @@ def test_an_adopted_worker_that_fails_at_its_end_fails_the_job(
     assert [e["code"] for e in ended] == [rc], ended
 
 
+@pytest.mark.parametrize("ending,code,status", [
+    ("exit 3", 3, "exit status 3"),
+    ("kill -SEGV $$", 139, "signal 11 (Segmentation fault)")])
+def test_an_adopted_remote_worker_that_fails_at_its_end_fails_the_job(
+        elastic_run, example, tmp_path, ending, code, status):
+    """The same on another host (127.0.0.2, through `sh -c` in place of ssh): the launch
+    script dies with the driver, the worker's keeper there does not (a session of its own,
+    driver/launch.h), and the attach script of the driver that adopted the job exits with
+    the status the keeper recorded."""
+    marker = f"adopt-remote-fail-{code}-{os.getpid()}"
+    state, book, log = tmp_path / "state", str(tmp_path / "ledger"), tmp_path / "events.jsonl"
+    args = command(elastic_run, example, state, book, log,
+                   extra=["-H", "127.0.0.2:2", "--driver-address", "127.0.0.1",
+                          "--launcher-template", "sh -c {command}"])
+    at = args.index(example)
+    args[at:at] = ["sh", "-c", FAIL_AFTER.replace("localhost:1", "127.0.0.2:1") % ending, "sh"]
+    first = Job(args, env=marked_env(marker))
+    second = None
+    try:
+        first.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
+        kill_driver(first)
+        second = Job(args, env=marked_env(marker))
+        second.wait_for(r"resuming the job in .*adopted 2 running worker", timeout=30)
+        rc = second.wait(timeout=120)
+    finally:
+        end(marker, first, second)
+    assert rc == code, second.text()
+    assert (f"failed: {status} (recorded by its status keeper on 127.0.0.2)"
+            in second.text()), second.text()
+    exits = {e["slot"]: e for e in events(log) if e["event"] == "worker_exited"}
+    assert exits["127.0.0.2:1"]["code"] == code, exits
+    assert exits["127.0.0.2:0"]["code"] == 0, exits
+
+
 def test_a_journal_whose_workers_are_all_gone_starts_the_job_afresh(
         elastic_run, example, fault_free_hash, tmp_path):
     marker = f"adopt-stale-{os.getpid()}"
