@@ -3,10 +3,15 @@ batch (or, with --model resnet18|resnet50, examples/train_vision.py's), as a pla
 torch.distributed (DDP, Gloo) program for torchrun. torchrun restarts every
 worker after a failure, so this program checkpoints (rank 0, every --commit-every steps) and
 resumes from the checkpoint at start. Prints its pid per rank, then a JSON line per step on
-rank 0.
+rank 0. It initializes its process group the way torchrun's documentation says
+(`init_process_group("gloo")`: env://, from the RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT that
+torchrun sets for each attempt). With torch 2.15 and the c10d rendezvous, run torchrun with
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: the store torchrun shares with its workers by default
+outlives a restart and keeps the keys of the attempt before, whose Gloo addresses the restarted
+workers then dial (connection refused; see bench/torch_recovery_bench).
 
-    torchrun --nnodes 1:1 --nproc_per_node 4 --max_restarts 3 --rdzv_backend c10d \\
-        --rdzv_endpoint 127.0.0.1:29400 --redirects 1 --tee 1 \\
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes 1:1 --nproc_per_node 4 \\
+        --max_restarts 3 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:29400 --redirects 1 --tee 1 \\
         bench/torch_digits_torchrun.py --checkpoint /tmp/ckpt.pt
 """
 import argparse
