@@ -3,6 +3,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <sys/wait.h>
 
 #include <map>
 #include <memory>
@@ -123,6 +124,8 @@ class Process {
   // Whether TryReap's code is how the program ended: always for a child, for an adopted one
   // when its keeper recorded it.
   bool status_known() const { return !adopted_ || status_known_; }
+  // Reaped, and it ended by exit() rather than by a signal.
+  bool exited_normally() const { return reaped_ && status_known() && WIFEXITED(raw_status_); }
   // "exit status 3" or "signal 9 (Killed)".
   std::string DescribeExit() const;
 

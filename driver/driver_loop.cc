@@ -144,19 +144,18 @@ bool Driver::ReapWorker(Worker& w, std::vector<char>& buf, int* code_out) {
   const std::string label = policy_->Label(w.slot);
   // An adopted process is not this driver's child: how it ended is what its status keeper
   // recorded, else what its agent said (FINISHED, then exit 0), else a failure.
-  // A remote one's attach script exits with the status its keeper recorded on the host when
-  // that is not 0 (driver/launch.h).
-  const bool attached_known = w.attached && code != 0 && code != kAttachGone;
+  // A remote one's attach script exits with the status its keeper recorded on the host
+  // (driver/launch.h), unless it was killed itself.
+  const bool attached_known =
+      w.attached && w.proc->exited_normally() && code != kAttachUnknown;
   if (attached_known) {
     w.exit_note = (code > 128 && code < 160
                        ? fmt::format("signal {} ({})", code - 128, strsignal(code - 128))
                        : fmt::format("exit status {}", code)) +
                   " (recorded by its status keeper on " + w.host + ")";
   } else if (w.attached) {
-    w.exit_note = code == kAttachGone
-                      ? "gone before this driver attached to it (adopted on " + w.host + ")"
-                      : "an end whose status is unknown (adopted on " + w.host +
-                            ": not this driver's launch)";
+    w.exit_note = "an end whose status is unknown (adopted on " + w.host +
+                  ": not this driver's launch, and no status recorded on the host)";
   }
   if (w.proc->adopted() || w.attached) {
     // Unless its status keeper recorded how it ended (common/process.h).

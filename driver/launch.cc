@@ -21,8 +21,9 @@ namespace {
 // the file when its own stream to the driver breaks, at about the moment the stdin closes:
 // the watcher looks for it for 2 s, and marks the worker adoptable (DIR/adoptable) when it
 // leaves it running. Once it has ended the worker, it removes DIR (the
-// worker's output files): nothing will read them again, and a relay still reading keeps its
-// open descriptor. The watcher runs in a session of its own, so this holds when SIGKILL took
+// worker's output files) when the script that started it is gone (the script, alive, reads
+// the worker's recorded status there and removes it): nothing will read them again, and a
+// relay still reading keeps its open descriptor. The watcher runs in a session of its own, so this holds when SIGKILL took
 // the launcher's group, the script and its relays with it.
 std::string Watcher(int grace_seconds) {
   const std::string grace = std::to_string(grace_seconds > 0 ? grace_seconds : 1);
@@ -36,16 +37,17 @@ std::string Watcher(int grace_seconds) {
          "while [ $i -lt " +
          grace +
          " ] && kill -0 $g 2>/dev/null; do sleep 1; i=$((i+1)); "
-         "done; kill -KILL $g 2>/dev/null; [ -n \"$1\" ] && rm -rf \"$1\"";
+         "done; kill -KILL $g 2>/dev/null; "
+         "[ -n \"$1\" ] && ! kill -0 $PPID 2>/dev/null && rm -rf \"$1\"";
 }
 
 // Sets $c to the status the worker's keeper recorded in $D/status (waited for up to 2 s:
-// it writes it once it has reaped the worker), when there is one and it is not 0; $c is
-// left as it was otherwise.
+// it writes it once it has reaped the worker), when there is one; $c is left as it was
+// otherwise.
 std::string KeptStatus() {
-  return "i=0; while [ ! -e \"$D/status\" ] && [ -e \"$D/pid\" ] && [ $i -lt 200 ]; do sleep 0.01; "
-         "i=$((i+1)); done; r=$(cat \"$D/status\" 2>/dev/null); "
-         "case \"$r\" in ''|0|*[!0-9]*) ;; *) [ \"$r\" -lt 256 ] && c=$r;; esac";
+  return "i=0; while [ ! -e \"$D/status\" ] && [ -e \"$D/pid\" ] && [ $i -lt 200 ]; do "
+         "sleep 0.01; i=$((i+1)); done; r=$(cat \"$D/status\" 2>/dev/null); "
+         "case \"$r\" in ''|*[!0-9]*) ;; *) [ \"$r\" -lt 256 ] && c=$r;; esac";
 }
 
 // Starts the Watcher on the launcher's stdin (fd 3) in a session of its own, as $w, for the
@@ -191,7 +193,7 @@ std::string AttachScript(const RemoteWorker& w, int64_t stdout_offset, int64_t s
   s += "if ! kill -0 $p 2>/dev/null || ! tr '\\0' '\\n' </proc/$p/environ 2>/dev/null | "
        "grep -qx " +
        ShellQuote("ELASTIC_WORKER_ID=" + w.worker_id) + "; then\n";
-  s += "  c=" + std::to_string(kAttachGone) + "\n";
+  s += "  c=" + std::to_string(kAttachUnknown) + "\n";
   s += "  if [ -d \"$D\" ]; then tail -c +" + from(stdout_offset) +
        " \"$D/stdout\" 2>/dev/null; tail -c +" + from(stderr_offset) +
        " \"$D/stderr\" >&2 2>/dev/null; " + KeptStatus() + "; rm -rf \"$D\"; fi\n";
@@ -206,7 +208,7 @@ std::string AttachScript(const RemoteWorker& w, int64_t stdout_offset, int64_t s
   s += "wait $t1; a=$?; wait $t2; b=$?\n";
   s += "kill $w 2>/dev/null\n";
   s += "rm -f /dev/shm/elastic-$p-* 2>/dev/null\n";
-  s += "c=0; " + KeptStatus() + "\n";
+  s += "c=" + std::to_string(kAttachUnknown) + "; " + KeptStatus() + "\n";
   s += "[ $a -eq 0 ] && [ $b -eq 0 ] && rm -rf \"$D\"\n";
   s += "exit $c\n";
   return s;

@@ -53,12 +53,11 @@ StatusOr<RemoteWorker> ParseRemoteHeader(const std::string& line);
 // same launcher: when the pid still runs the worker (its ELASTIC_WORKER_ID in
 // /proc/PID/environ), it relays the worker's files from the offsets given (what was shown)
 // and watches its stdin as RemoteScript does, until the worker ends; it then exits with the
-// status the worker's keeper recorded when that is not 0 (a shell's code: 128+N for signal
-// N), else 0 (ended with 0, or how is not known). When the worker is gone it prints what the
-// files hold past the offsets and exits with the recorded status, or kAttachGone when none
-// is known (a worker that itself exits 97 reads as that). The first line of its stdin is
-// read and ignored.
-inline constexpr int kAttachGone = 97;
+// status the worker's keeper recorded (a shell's code: 128+N for signal N), or kAttachUnknown
+// when none is known (an older launch, a keeper that was killed). When the worker is gone it
+// prints what the files hold past the offsets and exits the same way. A worker that itself
+// exits 97 reads as unknown. The first line of its stdin is read and ignored.
+inline constexpr int kAttachUnknown = 97;
 std::string AttachScript(const RemoteWorker& w, int64_t stdout_offset, int64_t stderr_offset,
                          int grace_seconds);
 

@@ -220,7 +220,7 @@ TEST_CASE("A worker that rides out a lost driver outlives the launcher's stdin, 
   spec.keep_stdin_open = true;
   auto gone = Process::Start(spec);
   REQUIRE(gone.ok());
-  CHECK(WaitExit(**gone, std::chrono::seconds(30)) == kAttachGone);
+  CHECK(WaitExit(**gone, std::chrono::seconds(30)) == kAttachUnknown);
   std::string out;
   ReadUntil((*gone)->stdout_fd(), &out, [](const std::string& t) { return Contains(t, "step 25"); },
             std::chrono::seconds(5));
@@ -261,9 +261,41 @@ TEST_CASE("A driver attaches to a remote worker that rode out its death, and sto
   CHECK(Alive(pid));
   CHECK((*attach)->WriteStdin("stop\n"));
   CHECK(WaitFor([&] { return !Alive(pid); }, std::chrono::seconds(30)));
-  CHECK(WaitExit(**attach, std::chrono::seconds(30)) == 0);
+  // It ignores SIGTERM: SIGKILL after the grace period, as its keeper recorded.
+  CHECK(WaitExit(**attach, std::chrono::seconds(30)) == 128 + SIGKILL);
   CHECK_FALSE(DirExists(w.dir));
   WaitExit(*r.proc, std::chrono::seconds(30));
+  unlink(r.pid_file.c_str());
+}
+
+TEST_CASE("An attach exits with the status the worker's keeper recorded after the launch died",
+          "[unit]") {
+  // The launch script goes with its launcher (SIGKILL of the group, as when the launcher is
+  // the driver's child); the worker's keeper, in a session of its own, does not.
+  Remote r = StartRemote(
+      "trap '' TERM; : >\"$ELASTIC_RIDE_OUT_FILE\"; "
+      "while [ ! -e \"${ELASTIC_RIDE_OUT_FILE%/*}/go\" ]; do sleep 0.05; done; exit 5",
+      /*grace=*/1);
+  std::string err;
+  RemoteWorker w = Header(r, &err);
+  pid_t pid = ProgramPid(r);
+  REQUIRE(WaitFor([&] { return DirExists(w.dir + "/ride-out"); }, std::chrono::seconds(30)));
+  r.proc->SignalGroup(SIGKILL);
+  WaitExit(*r.proc, std::chrono::seconds(30));  // its stdin closes: the watcher leaves it
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  REQUIRE(Alive(pid));
+  CHECK(DirExists(w.dir + "/adoptable"));
+  w.worker_id = "w-1";
+  LaunchSpec spec;
+  spec.argv = {"/bin/sh", "-c", AttachScript(w, 0, 0, 1)};
+  spec.stdin_data = "attach\n";
+  spec.keep_stdin_open = true;
+  auto attach = Process::Start(spec);
+  REQUIRE(attach.ok());
+  std::ofstream(w.dir + "/go").close();
+  CHECK(WaitExit(**attach, std::chrono::seconds(30)) == 5);
+  CHECK_FALSE(Alive(pid));
+  CHECK(WaitFor([&] { return !DirExists(w.dir); }, std::chrono::seconds(30)));
   unlink(r.pid_file.c_str());
 }
 
