@@ -27,10 +27,13 @@ def test_horovod_collectives_give_what_each_rank_computes(elastic_run):
 def test_a_horovod_elastic_script_grows_shrinks_and_survives_a_kill(elastic_run, tmp_path):
     log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
     disc = Discovery(tmp_path, "localhost:2")
+    # The last epoch waits for `hold` (the script's --hold-file): with torch 2.x's fast steps
+    # the job once ended at 3 workers before the scale-down to 2 (CI, 2026-12-06).
+    hold = tmp_path / "hold"
     job = Job([elastic_run, "--min-np", "2", "--max-np", "4", "--host-discovery-script",
                str(disc.script), "--host-failure-limit", "0", "--event-log", log, PY,
                os.path.join(WORKERS, "horovod_digits.py"), "--epochs", "5", "--step-ms", "20",
-               "--fp16-allreduce", "--ledger", book], env=py_env())
+               "--fp16-allreduce", "--ledger", book, "--hold-file", str(hold)], env=py_env())
     try:
         job.wait_for(r"epoch 0 done", timeout=120)
         disc.set("localhost:4")
@@ -41,6 +44,7 @@ def test_a_horovod_elastic_script_grows_shrinks_and_survives_a_kill(elastic_run,
         wait_event(log, lambda e: e["event"] == "committed" and e["round"] == r["round"])
         disc.set("localhost:2")
         wait_event(log, lambda e: e["event"] == "round_formed" and len(e["members"]) == 2)
+        hold.touch()
         assert job.wait(timeout=300) == 0, job.text()
     finally:
         job.kill()

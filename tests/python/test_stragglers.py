@@ -3,7 +3,7 @@ quota mid-training, one of four, is named (a `straggler` event, a warning, `elas
 status`, /metrics) and nothing else changes: the job ends with the fault-free model and every
 sample once. The straggler is made from outside the product, as a slow machine would be: the
 example computes a fixed amount of CPU time a step (--work-ms), and the test moves one worker
-into a cgroup with a quarter of a CPU. The oracles are the workers' ledgers and the model's
+into a cgroup with a twentieth of a CPU. The oracles are the workers' ledgers and the model's
 hash; the event is what is checked of the driver."""
 import json
 import os
@@ -43,8 +43,12 @@ def test_a_throttled_worker_is_named_a_straggler_and_the_job_is_untouched(
         elastic_run, example, fault_free_hash, tmp_path):
     log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
     job_file = str(tmp_path / "job.json")
+    # A twentieth of a CPU: a straggler however busy the machine's cores are with other work.
+    # With a quarter, its peers, each sharing two cores busy with something else, were hardly
+    # faster than it, and rightly none was named (CI, 2026-12-06; fails so under two busy
+    # loops). Released once checked, so that the rest of the job is not 20x slower.
     try:
-        throttle = Throttle(f"elastic-straggler-{os.getpid()}", 0.25)
+        throttle = Throttle(f"elastic-straggler-{os.getpid()}", 0.05)
     except RuntimeError as e:
         pytest.skip(str(e))
     job = Job([elastic_run, "-np", "4", "--event-log", log, "--job-file", job_file,
@@ -83,6 +87,7 @@ def test_a_throttled_worker_is_named_a_straggler_and_the_job_is_untouched(
         assert "elastic_stragglers_total 1" in text, text
         assert re.search(r'elastic_step_seconds\{slot="localhost:2",part="compute"\} [0-9.e-]+',
                          text), text
+        throttle.close()
         assert job.wait(timeout=240) == 0, job.text()
     finally:
         job.kill()
@@ -109,12 +114,13 @@ def test_a_straggler_is_replaced_or_dropped_and_the_job_ends_as_a_fault_free_one
         elastic_run, example, fault_free_hash, tmp_path, action):
     """replace: with a warm spare, the next round goes without the straggler and the spare
     takes its place; its host counts a failure (here, the first: blacklisted). drop: the job
-    shrinks to three, faster than four waiting for one at a quarter of a CPU. Either way the
+    shrinks to three, faster than four waiting for one at a twentieth of a CPU (a quarter was
+    no straggler next to peers sharing cores busy with other work). Either way the
     straggler's process leaves at a commit, and the model and the ledger are a fault-free
     run's."""
     log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
     try:
-        throttle = Throttle(f"elastic-straggler-{action}-{os.getpid()}", 0.25)
+        throttle = Throttle(f"elastic-straggler-{action}-{os.getpid()}", 0.05)
     except RuntimeError as e:
         pytest.skip(str(e))
     extra = ["--min-np", "2"] + (["--spares", "1"] if action == "replace" else [])

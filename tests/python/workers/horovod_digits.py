@@ -28,6 +28,10 @@ p.add_argument("--batches-per-commit", type=int, default=3)
 p.add_argument("--fp16-allreduce", action="store_true")
 p.add_argument("--step-ms", type=int, default=0)
 p.add_argument("--ledger", default=None)
+# Before its last epoch the job waits until this file exists (every rank sees it, agreed by an
+# allreduce), committing meanwhile so that membership changes go on: a test's faults then
+# land while there is training left, however fast the steps are.
+p.add_argument("--hold-file", default=None)
 args = p.parse_args()
 
 hvd.init()
@@ -64,6 +68,12 @@ def train(state):
         ledger = open(f"{args.ledger}.{elastic.slot().replace(':', '_')}.{os.getpid()}", "a")
     while state.epoch < args.epochs:
         check_env()
+        while args.hold_file and state.epoch == args.epochs - 1:
+            seen = torch.tensor([1.0 if os.path.exists(args.hold_file) else 0.0])
+            if hvd.allreduce(seen, name="hold").item() > 0.999:
+                break
+            time.sleep(0.05)
+            state.commit()
         loader = torch.utils.data.DataLoader(train_set, batch_size=args.batch_size,
                                              sampler=train_sampler)
         for batch_idx, (data, target) in enumerate(loader):
