@@ -91,6 +91,28 @@ def test_the_jobs_own_end_during_a_discovery_fault_is_no_membership_change():
     assert quiet(events, [(T0 + 10.0, T0 + 11.0)]) == []
 
 
+def test_spares_stopped_at_the_jobs_end_during_a_discovery_fault_are_no_membership_change():
+    # Netns soak, seed 573100237, job 0: after job_ending (code 0) the driver stopped two warm
+    # spares with SIGTERM while the discovery script printed garbage; their exits (143, told
+    # by their status keepers) were flagged as a membership change.
+    members = ["h0:0", "h1:0"]
+    events = [ev(0, "round_proposed", round=1), ev(0.1, "round_formed", round=1, members=members),
+              ev(11.6, "worker_exited", slot="h0:0", code=0, status="exit status 0"),
+              ev(11.6, "worker_exited", slot="h1:0", code=0, status="exit status 0"),
+              ev(11.61, "job_ending", code=0, message="success"),
+              ev(11.8, "worker_exited", slot="h2:0", code=143, round=-1,
+                 status="signal 15 (Terminated) (recorded by its status keeper on h2)"),
+              ev(11.8, "worker_exited", slot="h0:1", code=143, round=-1,
+                 status="signal 15 (Terminated) (recorded by its status keeper on h0)"),
+              ev(11.81, "job_ended", code=0, message="success")]
+    assert quiet(events, [(T0 + 9.8, T0 + 13.6)]) == []
+    # Before a job_ending, or when the job fails, they stay flagged.
+    early = events[:2] + [events[5], events[6]]
+    assert len(quiet(early, [(T0 + 9.8, T0 + 13.6)])) == 2
+    failed = events[:4] + [ev(11.61, "job_ending", code=1, message="failed")] + events[5:]
+    assert len(quiet(failed, [(T0 + 9.8, T0 + 13.6)])) == 4
+
+
 def test_an_exit_during_a_discovery_fault_that_is_not_the_end_is_flagged_with_the_rule():
     members = ["h1:0", "h2:0", "h3:0"]
     events = [ev(0, "round_proposed", round=4), ev(0.1, "round_formed", round=4, members=members),
