@@ -121,8 +121,12 @@ STALL = {"crash": 10.0, "silent": LIVENESS + 12.0, "network": RENDEZVOUS - 2.0,
          "driver": 20.0,
          # A member stopped when the driver was killed never re-attaches to the driver that
          # adopts the job: it is lost at the rendezvous timeout (docs/recovery.md, "A driver
-         # that comes back"), then its peers re-form (seed 923448539, job 3: 33.5 s).
-         "driver-silent": RENDEZVOUS + 10.0}
+         # that comes back"), then its peers re-form (seed 923448539, job 3: 33.5 s). Below
+         # its status keeper a stopped local worker is no longer ended by the driver's death
+         # (its group is not orphaned): every such case now takes the rendezvous timeout,
+         # after the new driver's start (the soak's restart delay) and before the re-form
+         # (overlap soak, seed 660049395, job 1: 43.5 s).
+         "driver-silent": RENDEZVOUS + 20.0}
 # Link, loss, cap and partition faults leave every process alive and its driver connection
 # up: no failure is seen, and the stall after one is TCP's (the Gloo pairs' retransmissions
 # back off exponentially while the link is out: 24 s after a partition was measured). Their
@@ -906,6 +910,13 @@ class Soak:
             if {"driver", "silent"} <= kinds:
                 kinds.add("driver-silent")
             bound = max(STALL[k] for k in kinds)
+            # A stopped member's rendezvous timeout starts when the driver that adopts the
+            # job does, after the kill: the time from the gap's start to the driver's kill
+            # comes on top (overlap soak, seed 660049395, job 0: stop, kill, driver killed
+            # 2.6 s later, 40.05 s in all).
+            kills = [g.at for g in faults if g.kind == "driver-kill" and a <= g.at <= b]
+            if "driver-silent" in kinds and kills:
+                bound = max(bound, STALL["driver-silent"] + (kills[0] - a))
             gap = b - a
             if gap > worst.get(f.kind, (0.0, 0.0))[0]:
                 worst[f.kind] = (gap, bound)
