@@ -190,6 +190,18 @@ TEST_CASE("The remote script relays the worker's output from its files and names
   unlink(r.pid_file.c_str());
 }
 
+// Runs the AttachScript for `w` (its stdout shown up to `stdout_offset`, grace 1 s) as a
+// driver that adopted the job does: its stdin's first line, then kept open.
+std::unique_ptr<Process> StartAttach(const RemoteWorker& w, int64_t stdout_offset) {
+  LaunchSpec spec;
+  spec.argv = {"/bin/sh", "-c", AttachScript(w, stdout_offset, 0, 1)};
+  spec.stdin_data = "attach\n";
+  spec.keep_stdin_open = true;
+  auto p = Process::Start(spec);
+  REQUIRE(p.ok());
+  return std::move(p).value();
+}
+
 TEST_CASE("A worker that rides out a lost driver outlives the launcher's stdin, and 'stop' ends it",
           "[unit]") {
   // The program stands in for an agent that lost its driver: it makes the file and trains on.
@@ -214,15 +226,10 @@ TEST_CASE("A worker that rides out a lost driver outlives the launcher's stdin, 
   // the pid was reused) finds it gone: it prints what the folder kept past the offset
   // ("step 0\n" had been shown) and removes it.
   w.worker_id = "w-2";
-  LaunchSpec spec;
-  spec.argv = {"/bin/sh", "-c", AttachScript(w, 7, 0, 1)};
-  spec.stdin_data = "attach\n";
-  spec.keep_stdin_open = true;
-  auto gone = Process::Start(spec);
-  REQUIRE(gone.ok());
-  CHECK(WaitExit(**gone, std::chrono::seconds(30)) == kAttachUnknown);
+  auto gone = StartAttach(w, 7);
+  CHECK(WaitExit(*gone, std::chrono::seconds(30)) == kAttachUnknown);
   std::string out;
-  ReadUntil((*gone)->stdout_fd(), &out, [](const std::string& t) { return Contains(t, "step 25"); },
+  ReadUntil(gone->stdout_fd(), &out, [](const std::string& t) { return Contains(t, "step 25"); },
             std::chrono::seconds(5));
   CHECK(out.rfind("step 1\n", 0) == 0);
   CHECK_FALSE(DirExists(w.dir));
@@ -247,22 +254,17 @@ TEST_CASE("A driver attaches to a remote worker that rode out its death, and sto
   std::this_thread::sleep_for(std::chrono::seconds(3));
   REQUIRE(Alive(pid));
   w.worker_id = "w-1";  // the launch's
-  LaunchSpec spec;
-  spec.argv = {"/bin/sh", "-c", AttachScript(w, 7, 0, 1)};  // "step 0\n" was shown
-  spec.stdin_data = "attach\n";
-  spec.keep_stdin_open = true;
-  auto attach = Process::Start(spec);
-  REQUIRE(attach.ok());
+  auto attach = StartAttach(w, 7);  // "step 0\n" was shown
   std::string out;
-  ReadUntil((*attach)->stdout_fd(), &out,
+  ReadUntil(attach->stdout_fd(), &out,
             [](const std::string& t) { return Contains(t, "step 40"); }, std::chrono::seconds(30));
   CHECK(out.rfind("step 1\n", 0) == 0);  // from the offset on, nothing missed
   CHECK(Contains(out, "step 40\n"));
   CHECK(Alive(pid));
-  CHECK((*attach)->WriteStdin("stop\n"));
+  CHECK(attach->WriteStdin("stop\n"));
   CHECK(WaitFor([&] { return !Alive(pid); }, std::chrono::seconds(30)));
   // It ignores SIGTERM: SIGKILL after the grace period, as its keeper recorded.
-  CHECK(WaitExit(**attach, std::chrono::seconds(30)) == 128 + SIGKILL);
+  CHECK(WaitExit(*attach, std::chrono::seconds(30)) == 128 + SIGKILL);
   CHECK_FALSE(DirExists(w.dir));
   WaitExit(*r.proc, std::chrono::seconds(30));
   unlink(r.pid_file.c_str());
@@ -286,14 +288,9 @@ TEST_CASE("An attach exits with the status the worker's keeper recorded after th
   REQUIRE(Alive(pid));
   CHECK(DirExists(w.dir + "/adoptable"));
   w.worker_id = "w-1";
-  LaunchSpec spec;
-  spec.argv = {"/bin/sh", "-c", AttachScript(w, 0, 0, 1)};
-  spec.stdin_data = "attach\n";
-  spec.keep_stdin_open = true;
-  auto attach = Process::Start(spec);
-  REQUIRE(attach.ok());
+  auto attach = StartAttach(w, 0);
   std::ofstream(w.dir + "/go").close();
-  CHECK(WaitExit(**attach, std::chrono::seconds(30)) == 5);
+  CHECK(WaitExit(*attach, std::chrono::seconds(30)) == 5);
   CHECK_FALSE(Alive(pid));
   CHECK(WaitFor([&] { return !DirExists(w.dir); }, std::chrono::seconds(30)));
   unlink(r.pid_file.c_str());

@@ -223,6 +223,22 @@ def test_a_worker_that_died_during_the_outage_is_lost_and_the_job_goes_on(
         (137, "ended while no driver ran: signal 9 (Killed) (recorded by its status keeper)")], exits
 
 
+def adopted_run(marker, args):
+    """The job of `args` with its driver SIGKILLed once epoch 1 is done, and a second driver
+    that adopts its 2 workers and ends it. Returns (its exit code, the second Job)."""
+    first = Job(args, env=marked_env(marker))
+    second = None
+    try:
+        first.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
+        kill_driver(first)
+        second = Job(args, env=marked_env(marker))
+        second.wait_for(r"resuming the job in .*adopted 2 running worker", timeout=30)
+        rc = second.wait(timeout=120)
+    finally:
+        end(marker, first, second)
+    return rc, second
+
+
 # After training, the worker of slot localhost:1 ends badly: a shell wrapper around it exits
 # 3, or kills itself with SIGSEGV, once the program has reported FINISHED and exited 0.
 FAIL_AFTER = ('"$@"; c=$?; [ "$ELASTIC_SLOT" = localhost:1 ] && [ $c -eq 0 ] && '
@@ -251,16 +267,7 @@ def test_an_adopted_worker_that_fails_at_its_end_fails_the_job(
         args[at:at] = ["sh", "-c", FAIL_AFTER % ending, "sh"]
     else:
         args += ["--final-exit", "-11"]
-    first = Job(args, env=marked_env(marker))
-    second = None
-    try:
-        first.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
-        kill_driver(first)
-        second = Job(args, env=marked_env(marker))
-        second.wait_for(r"resuming the job in .*adopted 2 running worker", timeout=30)
-        rc = second.wait(timeout=120)
-    finally:
-        end(marker, first, second)
+    rc, second = adopted_run(marker, args)
     assert rc != 0 and rc == (code or rc), second.text()
     assert f"failed: {status} (recorded by its status keeper)" in second.text(), second.text()
     exits = {e["slot"]: e for e in events(log) if e["event"] == "worker_exited"}
@@ -286,16 +293,7 @@ def test_an_adopted_remote_worker_that_fails_at_its_end_fails_the_job(
                           "--launcher-template", "sh -c {command}"])
     at = args.index(example)
     args[at:at] = ["sh", "-c", FAIL_AFTER.replace("localhost:1", "127.0.0.2:1") % ending, "sh"]
-    first = Job(args, env=marked_env(marker))
-    second = None
-    try:
-        first.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
-        kill_driver(first)
-        second = Job(args, env=marked_env(marker))
-        second.wait_for(r"resuming the job in .*adopted 2 running worker", timeout=30)
-        rc = second.wait(timeout=120)
-    finally:
-        end(marker, first, second)
+    rc, second = adopted_run(marker, args)
     assert rc == code, second.text()
     assert (f"failed: {status} (recorded by its status keeper on 127.0.0.2)"
             in second.text()), second.text()
