@@ -314,6 +314,16 @@ void BecomeReaper() {
   _exit(127);
 }
 
+// A status keeper ignores every signal that can be ignored: it is a member of its program's
+// group, to which the driver sends SIGTERM, SIGCONT and the like (async-signal-safe).
+void IgnoreKeeperSignals() {
+  for (int sig : {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGPIPE, SIGALRM, SIGTSTP,
+                  SIGTTIN, SIGTTOU}) {
+    signal(sig, SIG_IGN);
+  }
+  signal(SIGCHLD, SIG_DFL);
+}
+
 // Ends this process as `status` says the program ended (async-signal-safe): with its exit
 // code, or by its signal (no core dump of this process's own).
 [[noreturn]] void ExitLike(int status) {
@@ -341,7 +351,17 @@ void BecomeReaper() {
   pid_t self = getpid();
   pid_t w = fork();
   if (w == 0) ExecChild(spec, p, self, program, argv, envp);
-  if (w > 0) setpgid(w, w);  // also here, so the group exists before the pid is known
+  if (w > 0) {
+    setpgid(w, w);  // also here, so the group exists before the pid is known
+    // The keeper joins the program's group, ignoring the signals the driver sends that group
+    // (as RunStatusKeeper does again after the exec; an ignored disposition survives it). A
+    // member of the group whose parent (the driver) is outside it keeps the group from being
+    // orphaned while the driver lives; when the driver dies the group is orphaned, and a
+    // program stopped then gets SIGHUP and SIGCONT from the kernel, as it did before it had a
+    // keeper, instead of staying stopped until an adopting driver's rendezvous timeout.
+    IgnoreKeeperSignals();
+    setpgid(0, w);
+  }
   ssize_t ignored = write(report, &w, sizeof w);
   (void)ignored;
   if (w < 0) _exit(127);
@@ -357,6 +377,7 @@ void BecomeReaper() {
   int status = 0;
   while (waitpid(w, &status, 0) < 0 && errno == EINTR) {
   }
+  setpgid(0, 0);  // out of the program's group before that group is killed
   kill(-w, SIGKILL);
   ExitLike(status);
 }
@@ -376,11 +397,7 @@ bool Ended(int pidfd) {
 int RunStatusKeeper(int argc, char** argv) {
   if (argc != 3 || std::string(argv[1]) != kStatusKeeperFlag) return 2;
   const std::string dir = argv[2];
-  for (int sig : {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGPIPE, SIGALRM, SIGTSTP,
-                  SIGTTIN, SIGTTOU}) {
-    signal(sig, SIG_IGN);
-  }
-  signal(SIGCHLD, SIG_DFL);
+  IgnoreKeeperSignals();
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -391,7 +408,8 @@ int RunStatusKeeper(int argc, char** argv) {
   }
   pid_t program = info.si_pid;
   // What it left in its group goes with it (Process::TryReap says why), while its pid, the
-  // group's id, cannot be taken by another process.
+  // group's id, cannot be taken by another process. This keeper leaves that group first.
+  setpgid(0, 0);
   kill(-program, SIGKILL);
   int status = 0;
   while (waitpid(program, &status, 0) < 0 && errno == EINTR) {
@@ -490,7 +508,9 @@ StatusOr<std::unique_ptr<Process>> Process::Start(const LaunchSpec& spec) {
               spec.keeper_program.c_str(), keeper_argv, report[1]);
   }
   if (pid == 0) ExecChild(spec, pipes, parent, program, argv.data(), envp.data());
-  setpgid(pid, pid);  // also here, so the group exists before the driver signals it
+  // Also here, so the group exists before the driver signals it. Not for a keeper, which
+  // moves into its program's group (KeepChild) before the driver learns the program's pid.
+  if (!keep) setpgid(pid, pid);
   pid_t keeper = 0;
   if (keep) {
     // The program's pid, from the keeper: written right after its fork.
@@ -646,7 +666,16 @@ void Process::CloseStderr() {
 }
 
 void Process::SignalGroup(int sig) const {
-  if (pid_ > 0) kill(-pid_, sig);
+  if (pid_ <= 0) return;
+  if (sig == SIGKILL && keeper_ > 0) {
+    // The keeper is a member of the group (KeepChild) and must outlive the program to record
+    // how it ended: the program alone is killed, and the keeper, continued should it be
+    // stopped, kills the rest of the group once it has reaped it (RunStatusKeeper).
+    kill(pid_, SIGKILL);
+    kill(keeper_, SIGCONT);
+    return;
+  }
+  kill(-pid_, sig);
 }
 
 bool Process::TryReap(int* code) {

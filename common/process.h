@@ -45,8 +45,10 @@ struct LaunchSpec {
   // that adopts the program after this one died (Process::Adopt) learns how it ended from
   // that file instead of "unknown". The keeper is `keeper_program` (this program by
   // default) run with kStatusKeeperFlag: its main must call RunStatusKeeper. It has an empty
-  // environment, /dev/null as its streams, a process group of its own, and ignores every
-  // signal SIGKILL aside. pid() stays the program's.
+  // environment and /dev/null as its streams, ignores every signal SIGKILL aside, and is a
+  // member of the program's process group: while this process lives the group is not an
+  // orphan, and when it dies a program stopped then gets the kernel's SIGHUP and SIGCONT (as
+  // a program that is this process's child does). pid() stays the program's.
   std::string status_dir;
   std::string keeper_program = "/proc/self/exe";
 };
@@ -115,7 +117,9 @@ class Process {
   // Writes a short message (well under the pipe's buffer) to the kept stdin without blocking;
   // false when it is closed or full, or the process is gone (EPIPE; SIGPIPE must be ignored).
   bool WriteStdin(const std::string& text);
-  // Sends `sig` to the whole process group. Safe after exit (the group may be gone).
+  // Sends `sig` to the whole process group. Safe after exit (the group may be gone). With a
+  // status keeper, SIGKILL goes to the program alone: its keeper, a member of the group,
+  // kills the rest once it has recorded the program's end.
   void SignalGroup(int sig) const;
   // Reaps the process if it has exited: true and its code (exit status, or 128+signal).
   bool TryReap(int* code);

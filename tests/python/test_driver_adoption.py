@@ -223,6 +223,60 @@ def test_a_worker_that_died_during_the_outage_is_lost_and_the_job_goes_on(
         (137, "ended while no driver ran: signal 9 (Killed) (recorded by its status keeper)")], exits
 
 
+def proc_state(pid):
+    """The one-letter state in /proc/PID/stat ("T": stopped), or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def test_a_worker_stopped_when_the_driver_dies_is_ended_with_it_and_the_job_goes_on(
+        elastic_run, example, fault_free_hash, tmp_path):
+    """A member stopped (SIGSTOP) while the driver runs, the driver SIGKILLed before it noticed:
+    the member's process group is orphaned by the driver's death, so the kernel sends the
+    stopped member SIGHUP (and SIGCONT) at once, as it did before workers had status keepers
+    (the keeper is a member of the group, so the group still has a parent outside it only
+    while the driver lives). The adopting driver learns that end from the keeper and re-forms
+    at once: it does not wait --rendezvous-timeout for a member that would never re-attach.
+    The oracle for the end is /proc: the stopped worker is gone before a second driver
+    starts."""
+    marker = f"adopt-stopped-first-{os.getpid()}"
+    state, book, log = tmp_path / "state", str(tmp_path / "ledger"), tmp_path / "events.jsonl"
+    args = command(elastic_run, example, state, book, log, np=3,
+                   extra=["--rendezvous-timeout", "120"])
+    first = Job(args, env=marked_env(marker))
+    second = None
+    try:
+        first.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
+        wait_workers(marker, 3)
+        victim = workers(marker, "localhost:2")
+        assert len(victim) == 1, victim
+        os.kill(victim[0], signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while proc_state(victim[0]) != "T":
+            assert time.monotonic() < deadline, "the worker did not stop"
+            time.sleep(0.01)
+        kill_driver(first)
+        deadline = time.monotonic() + 15
+        while proc_state(victim[0]) not in (None, "Z"):
+            assert time.monotonic() < deadline, (
+                f"the stopped worker is still there ({proc_state(victim[0])}) after its "
+                "driver died: its group was not orphaned")
+            time.sleep(0.05)
+        second = Job(args, env=marked_env(marker))
+        second.wait_for(r"adopted 2 running worker.*1 ended while no driver ran \[localhost:2\]",
+                        timeout=30)
+        assert second.wait(timeout=120) == 0, second.text()
+    finally:
+        end(marker, first, second)
+    evs, _ = check_ended(second, book, log, fault_free_hash, max_rollback=5, lost=["localhost:2"])
+    exits = [e for e in evs if e["event"] == "worker_exited" and e["slot"] == "localhost:2"]
+    assert [(e["code"], e["status"]) for e in exits] == [
+        (129, "ended while no driver ran: signal 1 (Hangup) (recorded by its status keeper)")], exits
+
+
 def adopted_run(marker, args):
     """The job of `args` with its driver SIGKILLed once epoch 1 is done, and a second driver
     that adopts its 2 workers and ends it. Returns (its exit code, the second Job)."""
