@@ -3,6 +3,7 @@
 stdout) and a chart of the recovery times (PNG).
 
     bench/peers/report.py bench/peers/results/peers-YYYYMMDD-HHMMSS.json [--png docs/comparison.png]
+    bench/peers/report.py all.json row-again.json     # the second file's rows replace the first's
 
 Figures are medians over the repeats, with the range (min-max) beside them where there was
 more than one; ratios are to elastic-run's median on the same row. A run that never reached
@@ -43,7 +44,10 @@ def ratio(xs, anchor):
 
 def figures(results, system, scenario, key):
     runs = [r for r in results if r["system"] == system and r["scenario"] == scenario]
-    vals = [r[key] for r in runs if r.get(key) is not None]
+    # A pause is only a pause when training went on to its end (the script saved its final
+    # weights); a run whose training stopped for good has none.
+    vals = [r[key] for r in runs if r.get(key) is not None and
+            (key != "stall" or r.get("final"))]
     return vals, len(runs)
 
 
@@ -118,6 +122,8 @@ def correctness_table(results):
                 elif what in ("twice", "never"):
                     cells.append(", ".join(str(r["verdict"][what]) for r in runs
                                            if "verdict" in r))
+                elif what == "model" and sc == "grow":
+                    cells.append("– (twice the epochs)")
                 elif what == "model":
                     cells.append(", ".join(
                         "–" if r.get("model_diff") is None else
@@ -175,16 +181,23 @@ def chart(results, path):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("results")
+    p.add_argument("results", nargs="+",
+                   help="results files of run.py; the runs of a later file replace those of "
+                        "the same system and fault in the earlier ones (a row measured again)")
     p.add_argument("--png", default=None)
     args = p.parse_args()
-    with open(args.results) as f:
-        data = json.load(f)
-    results = data["results"]
+    results = []
+    for path in args.results:
+        with open(path) as f:
+            newer = json.load(f)["results"]
+        again = {(r["system"], r["scenario"]) for r in newer}
+        results = [r for r in results if (r["system"], r["scenario"]) not in again] + newer
     print(timing_table(results))
     print()
     print(correctness_table(results))
-    errors = [r for r in results if r.get("error")]
+    # A run stopped by the benchmark once its training was over and its processes only
+    # lingered has no error of its own ("still running" is what the table says).
+    errors = [r for r in results if r.get("error") and not r.get("lingered")]
     for r in errors:
         print(f"\n- {r['system']} {r['scenario']} (repeat {r.get('repeat')}): {r['error']}")
     if args.png:

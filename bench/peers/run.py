@@ -195,7 +195,10 @@ class Elastic(System):
         return self.procs[-1].pid
 
     def on_controller_killed(self, d, marker):
-        # As its supervisor (systemd, a Kubernetes Deployment) would: the same command again.
+        # As its supervisor (systemd, a Kubernetes Deployment) would: once the killed driver
+        # has been reaped, the same command again. (Started before, it can find the state
+        # folder's lock still held by the dying process, and refuse to start, exit 1.)
+        self.procs[-1].wait(timeout=10)
         self.popen(self.cmd, d, self.envs, "driver2")
 
     def grow(self, d, marker):
@@ -462,6 +465,17 @@ def run_one(system, scenario, args, base):
         while time.monotonic() < deadline:
             if ended_at is None and system.done():
                 ended_at = time.monotonic()
+            if scenario == "controller" and ended_at is None and "t_fault" in res:
+                # The command itself may linger without training (DLRover's agent, once its
+                # master is gone, waits minutes at its exit barrier).
+                rows, _ = peerledger.read(prefix)
+                last = max([r["t"] for r in rows] + [res["t_fault"]])
+                if time.time() - last > args.stall_limit:
+                    if os.path.exists(os.path.join(d, "final.pt")):
+                        res["lingered"] = True
+                    else:
+                        res["stalled"] = True
+                    break
             if ended_at is not None:
                 alive = [p for p in marked(marker) if p not in system.services()]
                 if not alive:
@@ -563,7 +577,8 @@ def run_all(args):
         progress(i, len(plan), res)
     # Final models against the same system's fault-free run of the same repeat.
     for r in results:
-        if r["scenario"] == "clean" or not r.get("final"):
+        # (A grow run trains twice the epochs: no fault-free run to compare it with.)
+        if r["scenario"] in ("clean", "grow") or not r.get("final"):
             continue
         ref = next((c for c in results if c["scenario"] == "clean" and
                     c["system"] == r["system"] and c.get("final")), None)
@@ -590,7 +605,7 @@ def main():
     p.add_argument("--timeout", type=float, default=240, help="seconds a run may take")
     p.add_argument("--grace", type=float, default=5,
                    help="seconds the processes of a run may take to end after its command")
-    p.add_argument("--stall-limit", type=float, default=30,
+    p.add_argument("--stall-limit", type=float, default=20,
                    help="a run whose controller was killed is over after this long without a step")
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--keep", action="store_true", help="keep each run's folder")
