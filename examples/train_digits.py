@@ -13,6 +13,7 @@ a commit every few steps. Rank 0 prints loss and test accuracy after every epoch
 Options: --epochs E (20)  --global-batch G (64)  --lr X (0.05)  --hidden H (64)
          --commit-every K (5)  --seed S (0)  --loader-workers N (0)  --step-ms MS (0)
          --ledger PREFIX (none)  --save PATH (rank 0 saves the final state_dict)
+         --hold-file PATH (tests: the last epoch waits until PATH exists)
 """
 import argparse
 import hashlib
@@ -42,6 +43,11 @@ def parse():
     p.add_argument("--step-ms", type=int, default=0, help="extra time per step (for demos)")
     p.add_argument("--ledger", default=None, help="write each step's indices (tests)")
     p.add_argument("--save", default=None, help="rank 0 saves the final state_dict here")
+    p.add_argument("--hold-file", default=None,
+                   help="before its last epoch the job waits until this file exists (every "
+                        "rank sees it, agreed by an allreduce), committing meanwhile so that "
+                        "membership changes go on: tests land their faults while training "
+                        "is left, however fast the steps are")
     p.add_argument("--progress", action="store_true",
                    help="print a JSON line per step (rank 0) and each rank's pid (benchmarks)")
     return p.parse_args()
@@ -87,6 +93,12 @@ def main():
         if args.ledger:
             ledger = open(f"{args.ledger}.{elastic.slot().replace(':', '_')}.{os.getpid()}", "a")
         while state.epoch < args.epochs:
+            while args.hold_file and state.epoch == args.epochs - 1:
+                seen = torch.tensor([1.0 if os.path.exists(args.hold_file) else 0.0])
+                if elastic.allreduce(seen, op=elastic.Min).item() > 0.5:
+                    break
+                time.sleep(0.05)
+                state.commit()
             loader = torch.utils.data.DataLoader(train_set, batch_size=sampler.batch_size,
                                                  sampler=sampler,
                                                  num_workers=args.loader_workers)

@@ -93,6 +93,26 @@ _initialized = False
 _local = False  # True: not under elastic-run, a job of size 1
 
 
+def _warm_up_torch():
+    """Before this process reaches the driver: what the program's first use of torch.optim
+    would import, if the program imported torch. A process that joins a running job (a new
+    worker for a lost one's slot, a new host's, a warm spare) counts as ready once init()
+    reaches the driver; its peers then take it in at their next commit and wait, in the state
+    sync, for it to get from init() to its training loop. torch 2.x's first optimizer imports
+    torch._dynamo there: 0.93 s of that wait on a 2-core machine with torch 2.15 (measured by
+    bench/peers, docs/comparison.md). Made here it is part of the process's start, which nobody
+    waits for. ELASTIC_WARM_UP=0 leaves it out. Any error is left to the program's own use."""
+    torch = sys.modules.get("torch")
+    if torch is None or os.environ.get("ELASTIC_WARM_UP", "1").strip().lower() in (
+            "0", "false", "no", "off"):
+        return
+    try:
+        import torch.optim  # noqa: F401  (a submodule: torch may not have loaded it yet)
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    except Exception:  # noqa: BLE001  (a warm-up only)
+        pass
+
+
 def init():
     """Joins the job (round 0) and builds the communicator. Idempotent. Outside elastic-run,
     a job of size 1 (said once on stderr)."""
@@ -104,6 +124,7 @@ def init():
         print("elastic: not started by elastic-run; running as a job of size 1",
               file=sys.stderr, flush=True)
     else:
+        _warm_up_torch()
         _C.init()
     _initialized = True
 

@@ -2,6 +2,7 @@
 environment that runs the tests (scripts/test.sh installs it before pytest), and workers are plain
 Python scripts under elastic-run. torch is imported only by the workers that need it."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,6 +48,24 @@ def test_torch_tensors_every_dtype_including_bfloat16(elastic_run):
                    "--torch"], env=py_env(), timeout=180)
     assert rc == 0, out
     assert "api ok rank 1 of 2" in out, out
+
+
+@pytest.mark.parametrize("warm_up", ["1", "0"])
+def test_init_warms_torch_up_before_the_process_is_ready(elastic_run, warm_up):
+    """A process that joins a running job is ready once init() reaches the driver, and its
+    peers wait for it from then on: what torch's first optimizer imports (torch._dynamo with
+    torch 2.x, about a second here) is imported before, in init(). With ELASTIC_WARM_UP=0 it
+    is not (the check that the worker's count means something)."""
+    env = dict(py_env(), ELASTIC_WARM_UP=warm_up)
+    rc, out = run([elastic_run, "-np", "2", PY, os.path.join(WORKERS, "optimizer_warm_up.py")],
+                  env=env, timeout=180)
+    assert rc == 0, out
+    counts = [int(c) for c in re.findall(r"the first optimizer imported (\d+) modules", out)]
+    assert len(counts) == 2, out
+    if warm_up == "1":
+        assert counts == [0, 0], out
+    else:
+        assert min(counts) > 0, out
 
 
 @pytest.mark.parametrize("np_", [2, 3])

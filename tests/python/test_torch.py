@@ -40,9 +40,13 @@ def test_a_pytorch_job_under_kills_additions_and_removals(elastic_run, fault_fre
     log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
     saved = str(tmp_path / "model.pt")
     disc = Discovery(tmp_path, "localhost:3")
+    # The last epoch waits for `hold`: the job once ended during the scale-down to 2 (with
+    # the newcomers' warm-up in elastic.init(), the round of 4 came a second later).
+    hold = tmp_path / "hold"
     job = Job([elastic_run, "--min-np", "2", "--max-np", "4", "--host-discovery-script",
                str(disc.script), "--host-failure-limit", "0", "--event-log", log, PY, EXAMPLE,
-               "--epochs", "8", "--step-ms", "20", "--ledger", book, "--save", saved],
+               "--epochs", "8", "--step-ms", "20", "--ledger", book, "--save", saved,
+               "--hold-file", str(hold)],
               env=py_env())
     try:
         job.wait_for(r"epoch 0 done", timeout=120)
@@ -56,6 +60,7 @@ def test_a_pytorch_job_under_kills_additions_and_removals(elastic_run, fault_fre
         # A round of two after the round of four (the round after the kill had two too).
         wait_event(log, lambda e: e["event"] == "round_formed" and len(e["members"]) == 2
                    and e["round"] > r["round"])
+        hold.touch()
         assert job.wait(timeout=300) == 0, job.text()
     finally:
         job.kill()
