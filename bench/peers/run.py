@@ -465,28 +465,20 @@ def run_one(system, scenario, args, base):
         while time.monotonic() < deadline:
             if ended_at is None and system.done():
                 ended_at = time.monotonic()
-            if scenario == "controller" and ended_at is None and "t_fault" in res:
-                # The command itself may linger without training (DLRover's agent, once its
-                # master is gone, waits minutes at its exit barrier).
-                rows, _ = peerledger.read(prefix)
-                last = max([r["t"] for r in rows] + [res["t_fault"]])
-                if time.time() - last > args.stall_limit:
-                    if os.path.exists(os.path.join(d, "final.pt")):
-                        res["lingered"] = True
-                    else:
-                        res["stalled"] = True
-                    break
             if ended_at is not None:
                 alive = [p for p in marked(marker) if p not in system.services()]
                 if not alive:
                     break
                 if scenario != "controller" and time.monotonic() - ended_at > args.grace:
                     break
+            if scenario == "controller" and "t_fault" in res:
+                # No step for --stall-limit: the command or its workers linger (DLRover's
+                # agent, once its master is gone, waits minutes at its exit barrier). The
+                # script's own end (rank 0 saves the final weights last) tells a run that
+                # stopped training from one whose processes linger after it.
                 rows, _ = peerledger.read(prefix)
-                last = max([r["t"] for r in rows] + [res.get("t_fault", 0)])
-                if scenario == "controller" and time.time() - last > args.stall_limit:
-                    # The script's own end (rank 0 saves the final weights last) tells a
-                    # run that stopped training from one whose processes linger after it.
+                last = max([r["t"] for r in rows] + [res["t_fault"]])
+                if time.time() - last > args.stall_limit:
                     if os.path.exists(os.path.join(d, "final.pt")):
                         res["lingered"] = True
                     else:
