@@ -1,10 +1,12 @@
 // libFuzzer target: the driver's other outside input: the job file `elastic-run status` reads,
-// --launcher-template (expanded around the remote script), and --driver-address.
+// --launcher-template (expanded around the remote script), --driver-address, --state-store's
+// URL and the base64 of etcd's answers.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 
+#include "common/etcd.h"
 #include "driver/launch.h"
 #include "driver/monitor.h"
 
@@ -13,6 +15,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto job = elastic::driver::ParseJobFile(text);
   if (job.ok() && (job->address.empty() || job->token.empty())) std::abort();
   (void)elastic::driver::CheckDriverAddress(text);
+  // An accepted --state-store names 1-16 endpoints of HOST:PORT and a non-empty prefix.
+  auto url = elastic::ParseEtcdUrl(text);
+  if (url.ok() && (url->endpoints.empty() || url->endpoints.size() > 16 ||
+                   url->prefix.size() < 2 || url->prefix[0] != '/' ||
+                   url->prefix.back() == '/')) {
+    std::abort();
+  }
+  // Base64: whatever decodes re-encodes to a text that decodes to the same bytes.
+  auto bytes = elastic::Base64Decode(text);
+  if (bytes.ok()) {
+    auto again = elastic::Base64Decode(elastic::Base64Encode(*bytes));
+    if (!again.ok() || *again != *bytes) std::abort();
+  }
   // Split: template | host | command.
   size_t a = text.find('\x01'), b = a == std::string::npos ? a : text.find('\x01', a + 1);
   std::string tmpl = text.substr(0, a);
