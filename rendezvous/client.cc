@@ -14,7 +14,12 @@
 
 namespace elastic::rendezvous {
 
+using Rpc = v1::Rendezvous::Stub;
+
+// One connection to one driver address: what Redirect swaps. Calls hold theirs for an attempt.
 struct Client::Stub {
+  std::string address;
+  std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Rendezvous::Stub> stub;
 };
 
@@ -46,12 +51,49 @@ Client::Client(ClientOptions options) : options_(std::move(options)) {
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   // Messages are small: no bandwidth-delay probing (a PING with every burst of data).
   if (!options_.bdp_probe) args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  channel_ = grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
-  stub_ = std::make_unique<Stub>();
-  stub_->stub = v1::Rendezvous::NewStub(channel_);
+  args_ = std::make_unique<grpc::ChannelArguments>(args);
+  auto first = Connect(options_.address);
+  MutexLock g(stub_mu_);
+  stub_ = std::move(first);
 }
 
 Client::~Client() = default;
+
+std::shared_ptr<Client::Stub> Client::Connect(const std::string& address) const {
+  auto s = std::make_shared<Stub>();
+  s->address = address;
+  s->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), *args_);
+  s->stub = v1::Rendezvous::NewStub(s->channel);
+  return s;
+}
+
+std::shared_ptr<Client::Stub> Client::current() const {
+  MutexLock g(stub_mu_);
+  return stub_;
+}
+
+std::shared_ptr<grpc::Channel> Client::channel() const { return current()->channel; }
+
+std::string Client::address() const { return current()->address; }
+
+bool Client::Redirect(const std::string& address) {
+  {
+    MutexLock g(stub_mu_);
+    if (stub_->address == address) return false;
+  }
+  auto next = Connect(address);
+  MutexLock g(stub_mu_);
+  Stub* old = stub_.get();
+  stub_ = std::move(next);
+  // Calls waiting on the old address (for a connection that may never come: a driver that
+  // is paused, or whose host is gone) end now, and Retry sends them to the new one.
+  for (auto& [ctx, on] : inflight_) {
+    if (on == old) ctx->TryCancel();
+  }
+  MutexLock w(watch_mu_);
+  if (watch_ctx_ && watch_stub_ == old) watch_ctx_->TryCancel();
+  return true;
+}
 
 void Client::Prepare(grpc::ClientContext* ctx, TimePoint deadline) const {
   ctx->AddMetadata("x-elastic-token", options_.token);
@@ -69,17 +111,35 @@ Status Client::Retry(TimePoint deadline, Fn&& attempt) {
   while (true) {
     grpc::ClientContext ctx;
     Prepare(&ctx, deadline);
-    Status s = FromGrpc(attempt(&ctx));
+    std::shared_ptr<Stub> stub;
+    {
+      MutexLock g(stub_mu_);
+      stub = stub_;
+      inflight_.emplace(&ctx, stub.get());
+    }
+    Status s = FromGrpc(attempt(&ctx, *stub->stub));
+    bool moved;
+    {
+      MutexLock g(stub_mu_);
+      inflight_.erase(&ctx);
+      moved = stub_ != stub;
+    }
+    // Cancelled by Redirect (or a driver that moved meanwhile): again, at the new address.
+    if (moved && (s.code() == Code::kCancelled || s.code() == Code::kUnavailable ||
+                  s.code() == Code::kDeadlineExceeded) &&
+        SteadyClock::now() < deadline) {
+      continue;
+    }
     // A deadline that passed while the call waited for a connection (the driver is gone or
     // not reachable) is the driver's unavailability, as a failed attempt would have said.
     if (s.code() == Code::kDeadlineExceeded &&
-        channel_->GetState(false) != GRPC_CHANNEL_READY) {
+        stub->channel->GetState(false) != GRPC_CHANNEL_READY) {
       return Unavailable("no connection before the call's deadline (" + s.message() + ")")
-          .WithContext("driver at " + options_.address);
+          .WithContext("driver at " + stub->address);
     }
     if (s.code() != Code::kUnavailable) return s;
     TimePoint now = SteadyClock::now();
-    if (now + backoff >= deadline) return s.WithContext("driver at " + options_.address);
+    if (now + backoff >= deadline) return s.WithContext("driver at " + stub->address);
     std::this_thread::sleep_for(backoff);  // backoff between reconnect attempts, bounded above
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
@@ -94,7 +154,7 @@ StatusOr<JoinResult> Client::Join(const std::string& slot, int64_t last_round, i
   req.set_worker_id(options_.worker_id);
   v1::JoinResponse resp;
   Status s = Retry(SteadyClock::now() + timeout,
-                   [&](grpc::ClientContext* ctx) { return stub_->stub->Join(ctx, req, &resp); });
+                   [&](grpc::ClientContext* ctx, Rpc& rpc) { return rpc.Join(ctx, req, &resp); });
   if (!s.ok()) return s;
   JoinResult r;
   r.removed = resp.removed();
@@ -109,7 +169,7 @@ Status Client::Set(int64_t round, const std::string& key, const std::string& val
   req.set_value(value);
   v1::SetResponse resp;
   return Retry(SteadyClock::now() + options_.call_timeout,
-               [&](grpc::ClientContext* ctx) { return stub_->stub->Set(ctx, req, &resp); });
+               [&](grpc::ClientContext* ctx, Rpc& rpc) { return rpc.Set(ctx, req, &resp); });
 }
 
 StatusOr<std::vector<std::string>> Client::Get(int64_t round, const std::vector<std::string>& keys,
@@ -136,7 +196,8 @@ StatusOr<std::vector<std::string>> Client::SetAndGet(int64_t round, const std::s
   };
   // The server waits up to timeout_ms; the call's own deadline leaves a little room beyond it.
   Status s =
-      Retry(SteadyClock::now() + timeout + std::chrono::seconds(1), [&](grpc::ClientContext* ctx) {
+      Retry(SteadyClock::now() + timeout + std::chrono::seconds(1),
+            [&](grpc::ClientContext* ctx, Rpc& rpc) {
         {
           MutexLock g(get_mu_);
           if (round <= cancelled_round_) {
@@ -144,7 +205,7 @@ StatusOr<std::vector<std::string>> Client::SetAndGet(int64_t round, const std::s
           }
           get_ctxs_.emplace(ctx, round);
         }
-        grpc::Status st = stub_->stub->Get(ctx, req, &resp);
+        grpc::Status st = rpc.Get(ctx, req, &resp);
         MutexLock g(get_mu_);
         get_ctxs_.erase(ctx);
         if (round <= cancelled_round_) {
@@ -170,14 +231,14 @@ Status Client::SendReport(const Report& report) {
   ToProto(report, &req);
   v1::ReportResponse resp;
   return Retry(SteadyClock::now() + options_.call_timeout,
-               [&](grpc::ClientContext* ctx) { return stub_->stub->Report(ctx, req, &resp); });
+               [&](grpc::ClientContext* ctx, Rpc& rpc) { return rpc.Report(ctx, req, &resp); });
 }
 
 StatusOr<std::string> Client::JobStatus(Duration timeout) {
   v1::StatusRequest req;
   v1::StatusResponse resp;
   Status s = Retry(SteadyClock::now() + timeout,
-                   [&](grpc::ClientContext* ctx) { return stub_->stub->Status(ctx, req, &resp); });
+                   [&](grpc::ClientContext* ctx, Rpc& rpc) { return rpc.Status(ctx, req, &resp); });
   if (!s.ok()) return s;
   return resp.json();
 }
@@ -186,15 +247,24 @@ Status Client::Watch(const std::string& slot, const std::function<void(const Eve
                      const std::function<void()>& on_open) {
   grpc::ClientContext ctx;
   ctx.AddMetadata("x-elastic-token", options_.token);
+  std::shared_ptr<Stub> stub = current();
   {
     MutexLock g(watch_mu_);
     if (watch_cancelled_) return Cancelled("watch cancelled");
     watch_ctx_ = &ctx;
+    watch_stub_ = stub.get();
+  }
+  // A Redirect before watch_ctx_ was set could not cancel this Watch: it goes to the new
+  // address at the next try.
+  if (current() != stub) {
+    MutexLock g(watch_mu_);
+    watch_ctx_ = nullptr;
+    return Unavailable("the driver moved to " + address());
   }
   v1::WatchRequest req;
   req.set_slot(slot);
   req.set_worker_id(options_.worker_id);
-  auto reader = stub_->stub->Watch(&ctx, req);
+  auto reader = stub->stub->Watch(&ctx, req);
   // The server marks an accepted stream in its initial metadata; a refused one has none.
   reader->WaitForInitialMetadata();
   bool opened = ctx.GetServerInitialMetadata().count("x-elastic-watch") > 0;

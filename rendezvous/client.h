@@ -20,6 +20,7 @@
 
 namespace grpc {
 class Channel;
+class ChannelArguments;
 class ClientContext;
 }  // namespace grpc
 
@@ -71,19 +72,31 @@ class Client {
   void CancelWatch();
   // The channel (its own connection, with the settings above), for a benchmark that drives
   // the protocol through gRPC's asynchronous API.
-  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  std::shared_ptr<grpc::Channel> channel() const;
+  // Dials `address` from now on (the driver that leads the job moved: a standby took over,
+  // docs/high-availability.md); calls in progress finish on the old connection (and, when it
+  // is gone, retry on the new one). False when it already dials there. Thread-safe.
+  bool Redirect(const std::string& address);
+  std::string address() const;
 
  private:
   template <typename Fn>
   Status Retry(TimePoint deadline, Fn&& attempt);
   void Prepare(grpc::ClientContext* ctx, TimePoint deadline) const;
 
-  ClientOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
   struct Stub;
-  std::unique_ptr<Stub> stub_;
+  std::shared_ptr<Stub> Connect(const std::string& address) const;
+  std::shared_ptr<Stub> current() const;
+
+  ClientOptions options_;
+  std::unique_ptr<grpc::ChannelArguments> args_;
+  mutable Mutex stub_mu_;
+  std::shared_ptr<Stub> stub_ ELASTIC_GUARDED_BY(stub_mu_);
+  // Calls in flight (Retry's attempts) and the stub each went out on, for Redirect to cancel.
+  std::map<grpc::ClientContext*, Stub*> inflight_ ELASTIC_GUARDED_BY(stub_mu_);
   Mutex watch_mu_;
   grpc::ClientContext* watch_ctx_ ELASTIC_GUARDED_BY(watch_mu_) = nullptr;
+  Stub* watch_stub_ ELASTIC_GUARDED_BY(watch_mu_) = nullptr;
   bool watch_cancelled_ ELASTIC_GUARDED_BY(watch_mu_) = false;
   Mutex get_mu_;
   std::map<grpc::ClientContext*, int64_t> get_ctxs_;  // Gets in flight, by round; get_mu_
