@@ -106,6 +106,10 @@ Status Driver::Start() {
   if (int n = RemoveStaleShmSegments(); n > 0) {
     spdlog::info("removed {} shared-memory segment(s) of workers that are gone from /dev/shm", n);
   }
+  if (!opts_.state_store.empty()) {
+    RETURN_IF_ERROR(TakeLeadership());
+    if (standby_ended_) return Status::Ok();
+  }
   if (!opts_.state_dir.empty()) RETURN_IF_ERROR(OpenStateDir());
   token_ = resume_ ? resume_->token : RandomToken();
   RETURN_IF_ERROR(SetUpOutput());
@@ -139,6 +143,16 @@ Status Driver::Start() {
   bool all_local = std::all_of(initial.begin(), initial.end(),
                                [](const HostSlots& h) { return IsLocalHost(h.host); });
   RETURN_IF_ERROR(StartServer(all_local));
+  if (leadership_) {
+    // Workers that lose their driver look this address up (worker_agent/agent.cc).
+    Status said = leadership_->Announce(driver_addr_);
+    if (!said.ok()) return said.WithContext("--state-store");
+    leadership_->KeepAlive([this](const std::string&) {
+      uint64_t one = 1;  // Loop sees it (Leads) at its next turn
+      if (write(wake_fd_, &one, sizeof one) < 0) {
+      }
+    });
+  }
   if (resume_) {
     Adopt();
   } else {
@@ -200,12 +214,12 @@ Status Driver::StartServer(bool all_local) {
   } else if (inet_pton(AF_INET, host.c_str(), &numeric) == 1) {
     bind = host;
   }
-  if (resume_) {  // where the workers dial
+  if (resume_ && !leadership_) {  // where the workers dial (with a store, they look it up)
     bind = resume_->bind;
     host = resume_->driver_addr.substr(0, resume_->driver_addr.rfind(':'));
   }
   bind_ = bind;
-  so.address = bind + ":" + std::to_string(resume_ ? resume_->port : opts_.port);
+  so.address = bind + ":" + std::to_string(resume_ && !leadership_ ? resume_->port : opts_.port);
   so.token = token_;
   so.keepalive_time = so.keepalive_timeout = opts_.liveness_timeout / 3;
   so.status_json = [this] { return monitor_.StatusJson(); };
@@ -291,6 +305,7 @@ void Driver::Launch(Worker& w, bool spare) {
        fmt::format("{}", std::chrono::duration<double>(opts_.driver_timeout).count())},
       {"PYTHONUNBUFFERED", "1"}};
   if (spare) env["ELASTIC_SPARE"] = "1";
+  if (!opts_.state_store.empty()) env["ELASTIC_STATE_STORE"] = opts_.state_store;
   if (!opts_.checkpoint_dir.empty()) {
     env["ELASTIC_CHECKPOINT_DIR"] = opts_.checkpoint_dir;
     env["ELASTIC_CHECKPOINT_INTERVAL"] =
@@ -613,6 +628,18 @@ void Driver::HandlePosted(Posted& p) {
 
 int Driver::Run() {
   Status s = Start();
+  if (s.ok() && standby_ended_) {
+    const int code = standby_ended_->code;
+    const std::string said = fmt::format(
+        "standby: the job ended under another driver ({}; exit {}); nothing to take over",
+        standby_ended_->message, code);
+    if (code == 0) {
+      spdlog::info("{}", said);
+    } else {
+      spdlog::error("{}", said);
+    }
+    return code;
+  }
   if (!s.ok()) {
     spdlog::error("{}", s.message());
     metrics_.reset();
@@ -635,6 +662,10 @@ int Driver::Run() {
   // Every worker is reaped and its output printed: the spool goes (--output-dir stays), and
   // the journal: the job is over, a driver started on the folder again starts a new one.
   if (!spool_dir_.empty()) RemoveSpool(spool_dir_);
+  if (leadership_) {
+    Status done = leadership_->Finish(policy_->exit_code(), policy_->final_message());
+    if (!done.ok()) spdlog::warn("the state store: {}", done.message());
+  }
   if (!opts_.state_dir.empty()) RemoveJournal(opts_.state_dir);
   RemoveKeptStatuses();
   if (policy_->exit_code() == 0) {

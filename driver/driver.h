@@ -98,6 +98,11 @@ struct DriverOptions {
   // "": no journal.
   std::string state_dir;
   bool fresh = false;  // --fresh: never resume the journal's job; stop its workers, start anew
+  // --state-store etcd://HOST:PORT,.../PREFIX: the journal and the job's leadership live in
+  // etcd (driver/leadership.h, docs/high-availability.md); "": not.
+  std::string state_store;
+  bool standby = false;  // --standby: wait, then take over from the leader when it goes
+  int lease_ttl = 5;     // --lease-ttl, seconds: how long a silent leader still leads
   // The command line as given, kept in the journal: a driver started on the folder with
   // another command line does not adopt its workers.
   std::vector<std::string> argv;

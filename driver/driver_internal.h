@@ -23,6 +23,7 @@
 #include "driver/driver.h"
 #include "driver/event_log.h"
 #include "driver/journal.h"
+#include "driver/leadership.h"
 #include "driver/launch.h"
 #include "driver/metrics_http.h"
 #include "driver/monitor.h"
@@ -163,6 +164,16 @@ class Driver : public rendezvous::Listener {
   // the rendezvous server, listening where the workers dial; the job file and the metrics
   // endpoint (`host`: the address the workers dial).
   Status SetUpOutput();
+  // --state-store: leads the job (a standby: waits until it may); sets standby_ended_ when a
+  // standby's job ended under another driver.
+  Status TakeLeadership();
+  // This driver no longer leads (driver/leadership.h): it ends at once, touching no worker,
+  // so that only the driver that leads now acts on the job (exit 3).
+  [[noreturn]] void LostLeadership(const std::string& why);
+  // The journal's job is this command's (driver/journal.h); INVALID_ARGUMENT saying how not.
+  Status SameJob(const Journal& journal) const;
+  // The journal goes (the file, and the store's while this driver leads).
+  void DropJournal();
   Status StartServer(bool all_local);
   Status PublishJob(const std::string& host);
   // The event loop: carries out the policy's actions, polls the signals, the posted events,
@@ -270,6 +281,8 @@ class Driver : public rendezvous::Listener {
   // and its description, for Policy::OnResumed.
   std::map<std::string, std::pair<int, std::string>> ended_at_resume_;
   std::optional<Journal> resume_;  // the journal of the job this driver adopts
+  std::unique_ptr<Leadership> leadership_;  // --state-store: while this driver leads
+  std::optional<Leadership::Ended> standby_ended_;
   std::string bind_;               // where the server listens (kept in the journal)
   int64_t restarts_ = 0;           // drivers that adopted this job before and with this one
   bool journal_due_ = false;       // a decision since the last write

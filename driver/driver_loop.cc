@@ -27,6 +27,7 @@ namespace elastic::driver::internal {
 void Driver::Loop() {
   std::vector<char> buf(65536);
   while (true) {
+    if (std::string why; leadership_ && !leadership_->Leads(&why)) LostLeadership(why);
     Perform();
     MaybeWriteJournal();
     if (resumed_at_ != TimePoint{} &&

@@ -25,10 +25,96 @@
 
 namespace elastic::driver::internal {
 
+Status Driver::TakeLeadership() {
+  auto url = ParseEtcdUrl(opts_.state_store);
+  if (!url.ok()) return url.status();
+  LeadershipOptions lo;
+  lo.store = *url;
+  lo.ttl_seconds = opts_.lease_ttl;
+  lo.standby = opts_.standby;
+  // A standby checks the job before it leads: one it could not adopt is refused while the
+  // leader may still be there (it never takes the lease for it).
+  lo.check_journal = [this](const std::string& text) {
+    auto journal = ParseJournal(text, opts_.state_store + " (journal)");
+    return journal.ok() ? SameJob(*journal) : journal.status();
+  };
+  // SIGINT and SIGTERM are blocked (read through the signalfd once the job runs): a standby
+  // that waits looks for them itself.
+  auto stop = [] {
+    sigset_t pending;
+    sigpending(&pending);
+    return sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1;
+  };
+  if (opts_.standby) {
+    spdlog::info("standby for the job in {}: waiting for its leader to go (lease TTL {} s)",
+                 url->text, opts_.lease_ttl);
+  }
+  auto taken = Leadership::Take(lo, stop, &standby_ended_);
+  if (!taken.ok()) return taken.status();
+  if (standby_ended_) return Status::Ok();
+  leadership_ = std::move(taken).value();
+  spdlog::info("this driver leads the job in {}", url->text);
+  log_.Write("leading", {{"store", url->text}, {"standby", opts_.standby}});
+  return Status::Ok();
+}
+
+void Driver::LostLeadership(const std::string& why) {
+  spdlog::critical(
+      "this driver no longer leads the job ({}); it ends now without touching the workers, "
+      "which follow the driver that leads next (exit 3)",
+      why);
+  log_.Write("leadership_lost", {{"reason", why}});
+  spdlog::default_logger()->flush();
+  std::_Exit(3);
+}
+
+void Driver::DropJournal() {
+  RemoveJournal(opts_.state_dir);
+  if (leadership_) {
+    Status s = leadership_->RemoveJournal();
+    if (s.code() == Code::kFailedPrecondition) LostLeadership(s.message());
+    if (!s.ok()) spdlog::warn("the state store: {}", s.message());
+  }
+}
+
+Status Driver::SameJob(const Journal& journal) const {
+  // With a store, the prefix names the job, and a standby elsewhere has paths of its own
+  // (--state-dir, --event-log, ...): the program and its arguments must be the job's.
+  if (!leadership_ && opts_.state_store.empty()) {
+    if (journal.argv == opts_.argv) return Status::Ok();
+    return InvalidArgument(fmt::format(
+        "--state-dir {} holds the journal of another command line (`{}`); run that one to "
+        "resume its job, pass --fresh to start this one there, or use another folder",
+        opts_.state_dir, fmt::join(journal.argv, " ")));
+  }
+  const auto& cmd = opts_.command;
+  if (journal.argv.size() >= cmd.size() &&
+      std::equal(cmd.rbegin(), cmd.rend(), journal.argv.rbegin())) {
+    if (journal.argv != opts_.argv) {
+      spdlog::info("this driver's options differ from the leader's (`{}`); the journal's "
+                   "decided the job so far, this driver's decide it from now on",
+                   fmt::join(journal.argv, " "));
+    }
+    return Status::Ok();
+  }
+  return InvalidArgument(fmt::format(
+      "--state-store {}: its job runs another program (`{}`); give this command that program "
+      "and its arguments to stand by for it, or another prefix",
+      opts_.state_store, fmt::join(journal.argv, " ")));
+}
+
 Status Driver::OpenStateDir() {
   auto lock = LockStateDir(opts_.state_dir);
-  if (!lock.ok()) return lock.status().WithContext("--state-dir");
-  state_lock_fd_ = *lock;
+  if (lock.ok()) {
+    state_lock_fd_ = *lock;
+  } else if (leadership_ && lock.status().code() == Code::kFailedPrecondition) {
+    // A standby here, and the driver it took over from is alive but no longer leads (paused,
+    // cut off from etcd): the store decides who leads; that one ends when it sees it.
+    spdlog::warn("--state-dir: {}; this driver leads by the state store and goes on",
+                 lock.status().message());
+  } else {
+    return lock.status().WithContext("--state-dir");
+  }
   // Local workers' status keepers record how they ended here (common/process.h).
   const std::string exits = opts_.state_dir + "/exits";
   struct stat st;
@@ -39,7 +125,14 @@ Status Driver::OpenStateDir() {
     spdlog::warn("cannot use {} ({}): a driver that adopts this job will not know how its "
                  "local workers ended", exits, strerror(errno));
   }
-  auto journal = ReadJournal(opts_.state_dir);
+  StatusOr<Journal> journal = NotFound("no journal");
+  if (leadership_) {
+    auto text = leadership_->ReadJournal();
+    if (!text.ok()) return text.status().WithContext("--state-store");
+    if (text->has_value()) journal = ParseJournal(**text, opts_.state_store + " (journal)");
+  } else {
+    journal = ReadJournal(opts_.state_dir);
+  }
   if (!journal.ok() && journal.status().code() == Code::kNotFound) return Status::Ok();
   if (!journal.ok()) {
     if (!opts_.fresh) {
@@ -48,7 +141,7 @@ Status Driver::OpenStateDir() {
           "(its workers, if any still run, then exit by --driver-timeout)");
     }
     spdlog::warn("--fresh: not reading the damaged journal ({})", journal.status().message());
-    RemoveJournal(opts_.state_dir);
+    DropJournal();
     return Status::Ok();
   }
   std::vector<std::string> running;
@@ -67,15 +160,10 @@ Status Driver::OpenStateDir() {
                                  : fmt::format(" (its {} worker(s) still running were killed: "
                                                "{})",
                                                running.size(), fmt::join(running, " ")));
-    RemoveJournal(opts_.state_dir);
+    DropJournal();
     return Status::Ok();
   }
-  if (journal->argv != opts_.argv) {
-    return InvalidArgument(fmt::format(
-        "--state-dir {} holds the journal of another command line (`{}`); run that one to "
-        "resume its job, pass --fresh to start this one there, or use another folder",
-        opts_.state_dir, fmt::join(journal->argv, " ")));
-  }
+  RETURN_IF_ERROR(SameJob(*journal));
   double ago =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() -
       journal->written_at;
@@ -89,7 +177,7 @@ Status Driver::OpenStateDir() {
     log_.Write("driver_resumed", {{"resumed", false},
                                   {"outage_seconds", ago},
                                   {"reason", "every worker of the journal is gone"}});
-    RemoveJournal(opts_.state_dir);
+    DropJournal();
     return Status::Ok();
   }
   // The policy's state is checked here, before anything of the job is touched: one that does
@@ -171,7 +259,7 @@ void Driver::Adopt() {
   spdlog::warn(
       "resuming the job in {} (its driver died {:.1f} s ago; this is restart {}): adopted {} "
       "running worker(s) [{}]{}; round {} goes on once they re-attach",
-      opts_.state_dir, outage_seconds_, restarts_, adopted_.size(), fmt::join(adopted_, " "),
+      leadership_ ? opts_.state_store : opts_.state_dir, outage_seconds_, restarts_, adopted_.size(), fmt::join(adopted_, " "),
       lost_at_resume_.empty()
           ? ""
           : fmt::format(", {} ended while no driver ran [{}]", lost_at_resume_.size(),
@@ -217,7 +305,7 @@ void Driver::CheckReattached(bool time_up) {
 }
 
 void Driver::MaybeWriteJournal() {
-  if (opts_.state_dir.empty() || state_lock_fd_ < 0) return;
+  if (opts_.state_dir.empty() || (state_lock_fd_ < 0 && !leadership_)) return;
   TimePoint now = SteadyClock::now();
   if (!journal_due_ && !(journal_touched_ && now - journal_written_ >= std::chrono::seconds(1))) {
     return;
@@ -267,10 +355,21 @@ void Driver::MaybeWriteJournal() {
     }
     j.workers[slot] = jw;
   }
-  Status wrote = WriteJournal(opts_.state_dir, j);
-  if (!wrote.ok() && wrote.message() != journal_error_) {
-    spdlog::warn("{}; a driver started again on --state-dir would resume an older decision",
-                 wrote.message());
+  Status wrote;
+  if (leadership_) {
+    // Fenced by the lease: a driver that no longer leads never writes (driver/leadership.h).
+    wrote = leadership_->WriteJournal(SerializeJournal(j));
+    if (wrote.code() == Code::kFailedPrecondition) LostLeadership(wrote.message());
+    if (!wrote.ok() && wrote.message() != journal_error_) {
+      spdlog::warn("the state store: {}; a standby would resume an older decision",
+                   wrote.message());
+    }
+  } else {
+    wrote = WriteJournal(opts_.state_dir, j);
+    if (!wrote.ok() && wrote.message() != journal_error_) {
+      spdlog::warn("{}; a driver started again on --state-dir would resume an older decision",
+                   wrote.message());
+    }
   }
   journal_error_ = wrote.ok() ? "" : wrote.message();
 }

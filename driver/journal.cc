@@ -85,7 +85,7 @@ StatusOr<int> LockStateDir(const std::string& dir) {
   return fd;
 }
 
-Status WriteJournal(const std::string& dir, const Journal& j) {
+std::string SerializeJournal(const Journal& j) {
   json core = {{"formed_round", j.core.formed_round},
                {"newest_committed", j.core.newest_committed},
                {"worker_ids", j.core.worker_ids},
@@ -114,8 +114,11 @@ Status WriteJournal(const std::string& dir, const Journal& j) {
               {"restarts", j.restarts}, {"written_at", j.written_at},
               {"core", core},           {"policy", json::parse(j.policy)},
               {"workers", workers}};
-  std::string text = doc.dump();
-  Status wrote = WriteFileAtomically(JournalPath(dir), text, 0600);
+  return doc.dump();
+}
+
+Status WriteJournal(const std::string& dir, const Journal& j) {
+  Status wrote = WriteFileAtomically(JournalPath(dir), SerializeJournal(j), 0600);
   return wrote.ok() ? wrote : wrote.WithContext("the journal");
 }
 
@@ -199,6 +202,10 @@ void ParseWorker(const json& w, const std::string& at, JournalWorker* out) {
 StatusOr<Journal> ReadJournal(const std::string& dir) {
   const std::string path = JournalPath(dir);
   ASSIGN_OR_RETURN(std::string text, ReadTrustedText(dir, path));
+  return ParseJournal(text, path);
+}
+
+StatusOr<Journal> ParseJournal(const std::string& text, const std::string& path) {
   Journal j;
   try {
     json doc = json::parse(text);

@@ -64,6 +64,9 @@ Status WriteJournal(const std::string& state_dir, const Journal& j);
 // NOT_FOUND when there is none; INVALID_ARGUMENT naming the field when it is damaged.
 StatusOr<Journal> ReadJournal(const std::string& state_dir);
 void RemoveJournal(const std::string& state_dir);
+// The journal as text (JSON), and back; `where` names it in errors (a path, a store's key).
+std::string SerializeJournal(const Journal& j);
+StatusOr<Journal> ParseJournal(const std::string& text, const std::string& where);
 
 // The start time of a process in clock ticks since boot (/proc/<pid>/stat, field 22); 0 when
 // it is gone or unreadable. With the pid, it names one process for the machine's uptime.

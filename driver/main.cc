@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/etcd.h"
 #include "common/logging.h"
 #include "common/process.h"
 #include "driver/driver.h"
@@ -211,6 +212,20 @@ void AddStateOptions(CLI::App& app, CommandLine& c) {
                  "line and folder (by systemd, a Kubernetes Deployment, a Slurm requeue) while "
                  "its workers still train (--driver-timeout), elastic-run adopts them and the "
                  "job goes on where it was; when they are all gone it starts afresh");
+  app.add_option("--state-store", o.state_store,
+                 "etcd://HOST:PORT[,HOST:PORT...]/PREFIX: keep the journal and the job's "
+                 "leadership in etcd (v3) under PREFIX, so that a standby driver on another "
+                 "machine (--standby) takes the job over by itself when this one or its machine "
+                 "dies; needs --state-dir for this machine's worker output "
+                 "(docs/high-availability.md)");
+  app.add_flag("--standby", o.standby,
+               "With --state-store: start no job; wait until the driver that leads the job is "
+               "gone (its lease runs out), then adopt its workers and lead; exit with the "
+               "job's code when it ends under another driver");
+  app.add_option("--lease-ttl", o.lease_ttl,
+                 "With --state-store: seconds a leading driver that stopped renewing its lease "
+                 "(dead, paused, cut off from etcd) still leads; a standby takes over after it")
+      ->check(CLI::Range(2, 300));
   app.add_flag("--fresh", o.fresh,
                "With --state-dir: do not resume the journal's job; its workers still running "
                "are stopped and the job starts afresh");
@@ -448,6 +463,19 @@ Status PrepareFolders(const CLI::App& app, CommandLine& c) {
   DriverOptions& o = c.o;
   char real[PATH_MAX];
   if (o.fresh && o.state_dir.empty()) return Refuse("--fresh needs --state-dir");
+  if ((o.standby || app.count("--lease-ttl")) && o.state_store.empty()) {
+    return Refuse("--standby and --lease-ttl need --state-store etcd://HOST:PORT/PREFIX");
+  }
+  if (!o.state_store.empty()) {
+    if (auto url = elastic::ParseEtcdUrl(o.state_store); !url.ok()) {
+      return Refuse(url.status().message());
+    }
+    if (o.state_dir.empty()) {
+      return Refuse("--state-store needs --state-dir: a folder on this machine for its "
+                    "workers' output and exit statuses, which a standby here reads too");
+    }
+    if (o.standby && o.fresh) return Refuse("--standby adopts a job: it cannot take --fresh");
+  }
   if (app.count("--state-dir")) {
     if (o.state_dir.empty()) return Refuse("--state-dir: no folder given");
     if (mkdir(o.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
@@ -464,14 +492,17 @@ Status PrepareFolders(const CLI::App& app, CommandLine& c) {
   }
   if (app.count("--checkpoint-dir")) {
     if (o.checkpoint_dir.empty()) return Refuse("--checkpoint-dir: no folder given");
-    // Held until this process ends: a second job on the folder is refused.
-    auto lock = elastic::LockCheckpointDir(o.checkpoint_dir);
-    if (!lock.ok()) return Refuse("--checkpoint-dir: " + lock.status().message());
+    // Held until this process ends: a second job on the folder is refused. Not by a standby:
+    // the folder is its job's, whose leader holds it (one leads at a time, by the store).
+    if (!o.standby) {
+      auto lock = elastic::LockCheckpointDir(o.checkpoint_dir);
+      if (!lock.ok()) return Refuse("--checkpoint-dir: " + lock.status().message());
+    }
     if (realpath(o.checkpoint_dir.c_str(), real) == nullptr) {
       return Refuse("--checkpoint-dir " + o.checkpoint_dir + ": " + strerror(errno));
     }
     o.checkpoint_dir = real;
-    elastic::RemoveUnfinishedCheckpoints(o.checkpoint_dir);
+    if (!o.standby) elastic::RemoveUnfinishedCheckpoints(o.checkpoint_dir);
   }
   return Status::Ok();
 }
@@ -543,7 +574,13 @@ int main(int argc, char** argv) {
     if (Status s = step(app, c); !s.ok()) return Fail(s.message());
   }
   if (Status s = PrepareFolders(app, c); !s.ok()) return Fail(s.message());
-  for (int i = 1; i < argc; ++i) c.o.argv.push_back(argv[i]);  // the journal's command line
+  // The journal's command line: a standby's is its leader's, less --standby (an option of
+  // elastic-run's, before the program's own arguments).
+  const int program = argc - static_cast<int>(c.o.command.size());
+  for (int i = 1; i < argc; ++i) {
+    if (i < program && std::string(argv[i]) == "--standby") continue;
+    c.o.argv.push_back(argv[i]);
+  }
   if (!LocalCommandFound(c.o)) {
     std::fprintf(stderr, "elastic-run: command not found: %s\n", c.o.command[0].c_str());
     return 127;

@@ -118,6 +118,23 @@ StatusOr<std::unique_ptr<AgentImpl>> AgentImpl::Create(WorkerOptions env, AgentO
   co.worker_id = agent->env_.worker_id;
   co.bdp_probe = agent->env_.grpc_bdp_probe;
   agent->client_ = std::make_unique<rendezvous::Client>(co);
+  if (agent->env_.state_store) {
+    agent->store_ =
+        std::make_unique<Etcd>(*agent->env_.state_store, std::chrono::milliseconds(500));
+    // While the driver is lost, where the job's driver is now is looked up four times a second,
+    // from a thread of its own: the Watch thread may be held by a connection that never opens.
+    agent->follower_ = std::thread([a = agent.get()] {
+      MutexLock l(a->report_mu_);
+      while (!a->report_stop_) {
+        a->report_cv_.wait_for(l.native(), std::chrono::milliseconds(250));
+        if (a->report_stop_) return;
+        if (!a->driver_lost_.load()) continue;
+        l.Unlock();
+        a->FollowLeader();
+        l.Lock();
+      }
+    });
+  }
   agent->watch_ = std::thread([a = agent.get()] { a->WatchLoop(); });
   agent->reporter_ = std::thread([a = agent.get()] { a->ReportLoop(); });
   return agent;
@@ -141,6 +158,7 @@ void AgentImpl::StopWatch() {
   }
   report_cv_.notify_all();
   if (reporter_.joinable()) reporter_.join();
+  if (follower_.joinable()) follower_.join();
 }
 
 void AgentImpl::ReportLoop() {
@@ -213,7 +231,7 @@ void AgentImpl::WatchLoop() {
           watch_opened_.store(true);
           if (driver_lost_.exchange(false)) {
             if (!env_.ride_out_file.empty()) unlink(env_.ride_out_file.c_str());
-            spdlog::warn("the driver at {} is reachable again after {:.1f} s", env_.driver_addr,
+            spdlog::warn("the driver at {} is reachable again after {:.1f} s", client_->address(),
                          seconds(SteadyClock::now() - lost_since));
             warned_reports_.store(false);
           }
@@ -247,14 +265,14 @@ void AgentImpl::WatchLoop() {
       spdlog::warn(
           "lost the driver at {} ({}); training goes on without it (membership changes wait "
           "for it); this worker exits if it is not back within {:.0f} s (--driver-timeout)",
-          env_.driver_addr, s.ToString(), seconds(timeout));
+          client_->address(), s.ToString(), seconds(timeout));
     }
     Duration allowed = ride_out ? timeout : std::chrono::seconds(ever_open ? 3 : 30);
     if (now - lost_since > allowed) {
       spdlog::critical(
           "the driver at {} has been unreachable for {:.1f} s ({}; {}); exiting so that no "
           "worker outlives it",
-          env_.driver_addr, seconds(now - lost_since),
+          client_->address(), seconds(now - lost_since),
           ride_out ? fmt::format("--driver-timeout {:.0f} s", seconds(timeout))
                    : std::string(ever_open ? "--driver-timeout 0" : "it never answered"),
           s.ToString());
@@ -263,6 +281,25 @@ void AgentImpl::WatchLoop() {
     if (ride_out) TestHook("watch_lost", 0);
     // Re-open backoff; while the driver is down, every 200 ms is enough to see it return.
     std::this_thread::sleep_for(std::chrono::milliseconds(driver_lost_.load() ? 200 : 100));
+  }
+}
+
+void AgentImpl::FollowLeader() {
+  // The leader key's value is "ADDRESS\nPID\nHOST" (driver/leadership.h).
+  auto leader = store_->Get("leader");
+  if (!leader.ok()) {
+    spdlog::debug("the state store: {}", leader.status().ToString());
+    return;
+  }
+  if (!leader->has_value()) return;  // no driver leads now: a standby may yet take over
+  const std::string& v = (*leader)->value;
+  std::string address = v.substr(0, v.find('\n'));
+  if (address.empty() || address.size() > 300) return;
+  const std::string was = client_->address();
+  if (client_->Redirect(address)) {
+    spdlog::warn("the job's driver is now the one at {} (the state store {} says so; it was at "
+                 "{})",
+                 address, env_.state_store->text, was);
   }
 }
 

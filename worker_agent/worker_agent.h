@@ -137,6 +137,11 @@ class AgentImpl final : public Agent {
   WorkerOptions env_;
   AgentOptions options_;
   std::unique_ptr<rendezvous::Client> client_;
+  // --state-store: where a worker whose driver is lost finds the one that leads the job now.
+  std::unique_ptr<Etcd> store_;
+  // Looks the job's leading driver up in store_ and dials it when it moved (follower_).
+  void FollowLeader();
+  std::thread follower_;
   rendezvous::Assignment assignment_;
   std::atomic<int64_t> current_round_{-1};
   std::atomic<int64_t> changing_round_{-1};  // newest round the driver said is changing

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/etcd.h"
 #include "common/process.h"
 
 namespace elastic {
@@ -16,7 +17,7 @@ const char* const kWorkerVariables[] = {
     "ELASTIC_SHM_ALLREDUCE",   "ELASTIC_SHM_REUSE",      "ELASTIC_SHM_COLLECTIVES",
     "ELASTIC_GLOO_LAZY_PAIRS", "ELASTIC_GLOO_FULL_MESH", "ELASTIC_SHM_SLOT_BYTES",
     "ELASTIC_NCCL_LIBRARY",    "ELASTIC_CUDART_LIBRARY", "ELASTIC_GRPC_BDP_PROBE",
-    "ELASTIC_LOG_LEVEL",       "ELASTIC_TEST_HOOKS",
+    "ELASTIC_LOG_LEVEL",       "ELASTIC_TEST_HOOKS",     "ELASTIC_STATE_STORE",
 };
 const size_t kWorkerVariableCount = sizeof kWorkerVariables / sizeof kWorkerVariables[0];
 
@@ -101,6 +102,11 @@ StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   o.iface = Reader::Text("ELASTIC_IFACE");
   o.worker_id = Reader::Text("ELASTIC_WORKER_ID");
   o.ride_out_file = Reader::Text("ELASTIC_RIDE_OUT_FILE");
+  if (std::string store = Reader::Text("ELASTIC_STATE_STORE"); !store.empty()) {
+    auto url = ParseEtcdUrl(store);
+    if (!url.ok()) return url.status().WithContext("ELASTIC_STATE_STORE");
+    o.state_store = *url;
+  }
   for (auto [name, value] :
        {std::pair<const char*, std::string*>{"ELASTIC_DRIVER_ADDR", &o.driver_addr},
         {"ELASTIC_JOB_TOKEN", &o.token},

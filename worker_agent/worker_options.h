@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/common.h"
+#include "common/etcd.h"
 
 namespace elastic {
 
@@ -33,6 +34,9 @@ struct WorkerOptions {
   // worker has lost its driver and rides the outage out, so that the remote side of the
   // launch, whose connection to the driver went with it, leaves the worker running.
   std::string ride_out_file;
+  // ELASTIC_STATE_STORE (elastic-run --state-store): where, when its driver is lost, this
+  // worker looks up the driver that leads the job now (docs/high-availability.md).
+  std::optional<EtcdUrl> state_store;
   std::optional<Backend> backend;         // ELASTIC_BACKEND (elastic-run --backend)
   std::optional<Duration> driver_timeout;  // ELASTIC_DRIVER_TIMEOUT, seconds 0..86400
   bool spare = false;                      // ELASTIC_SPARE: started as a warm spare

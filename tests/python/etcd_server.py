@@ -1,0 +1,79 @@
+"""A real etcd for tests, benchmarks and the soak (Debian's etcd-server): members started on
+free loopback ports, and its JSON API read directly (the oracle, independent of the product's
+etcd client in common/etcd.cc)."""
+import base64
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def etcd_call(port, path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def etcd_get(port, key):
+    """The key's value (text) and its lease id, or (None, 0)."""
+    got = etcd_call(port, "/v3/kv/range", {"key": base64.b64encode(key.encode()).decode()})
+    if not got.get("kvs"):
+        return None, 0
+    kv = got["kvs"][0]
+    return base64.b64decode(kv.get("value", "")).decode(), int(kv.get("lease", 0))
+
+
+def start_etcd(data, members=1):
+    """`members` etcd members on loopback, one cluster; [(process, client port)]."""
+    binary = shutil.which("etcd")
+    assert binary, "etcd is not installed: scripts/setup-deps.sh installs Debian's etcd-server"
+    data.mkdir(parents=True, exist_ok=True)
+    for _ in range(5):
+        ports = [(free_port(), free_port()) for _ in range(members)]
+        cluster = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, (_, p) in enumerate(ports))
+        procs = []
+        for i, (client, peer) in enumerate(ports):
+            procs.append(subprocess.Popen(
+                [binary, "--data-dir", str(data / f"m{i}"), "--name", f"m{i}",
+                 "--listen-client-urls", f"http://127.0.0.1:{client}",
+                 "--advertise-client-urls", f"http://127.0.0.1:{client}",
+                 "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                 "--initial-cluster", cluster, "--initial-cluster-state", "new"],
+                stdout=open(data / f"m{i}.log", "w"), stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + 60
+        up = set()
+        while time.monotonic() < deadline and len(up) < members and all(
+                p.poll() is None for p in procs):
+            for i, (client, _) in enumerate(ports):
+                try:
+                    etcd_call(client, "/v3/kv/range", {"key": "eA=="})
+                    up.add(i)
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        if len(up) == members:
+            return [(p, c) for p, (c, _) in zip(procs, ports)]
+        for p in procs:  # a port taken meanwhile: again, elsewhere
+            p.kill()
+            p.wait()
+        shutil.rmtree(data, ignore_errors=True)
+        data.mkdir()
+    raise AssertionError("etcd did not start: " + "".join(
+        f.read_text()[-1000:] for f in data.glob("*.log")))
+
+
+def stop_etcd(members):
+    for proc, _ in members:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

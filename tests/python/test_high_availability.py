@@ -1,0 +1,316 @@
+"""A standby driver takes the job over by itself (docs/high-availability.md): the journal and
+the leadership live in a real etcd (Debian's etcd-server, started here), a standby adopts the
+workers when the leader's lease runs out, and a leader that lost its lease never acts again.
+The oracles: /proc (which worker processes run), the workers' ledgers and the model's hash,
+and etcd's own keys, read with its JSON API."""
+import glob
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from etcd_server import etcd_get, free_port, start_etcd, stop_etcd
+from helpers import Job, procs_with_marker, run, wait_no_marker
+import ledger
+
+EPOCHS = 12
+SAMPLES = 4096
+TTL = 3
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    """One etcd member on loopback, shared by the module's tests (each its own prefix); its
+    client port."""
+    members = start_etcd(tmp_path_factory.mktemp("etcd"))
+    yield members[0][1]
+    stop_etcd(members)
+
+
+@pytest.fixture(scope="module")
+def example(build_dir):
+    return str(build_dir / "examples" / "logistic_regression")
+
+
+@pytest.fixture(scope="module")
+def fault_free_hash(elastic_run, example):
+    rc, out = run([elastic_run, "-np", "2", example, "--epochs", str(EPOCHS)])
+    assert rc == 0, out
+    return ledger.final_hash(out)
+
+
+def workers(marker):
+    """The worker processes of the test (found in /proc: the marker and a slot)."""
+    return sorted(p for p in procs_with_marker(marker) if slot_of(p))
+
+
+def slot_of(pid):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"ELASTIC_SLOT="):
+            return item[len(b"ELASTIC_SLOT="):].decode()
+    return None
+
+
+def wait_workers(marker, n, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = workers(marker)
+        if len(pids) >= n:
+            return pids
+        time.sleep(0.1)
+    raise AssertionError(f"{n} workers never started: {workers(marker)}")
+
+
+def env_of(marker):
+    return dict(os.environ, ELASTIC_TEST_MARK=marker)
+
+
+def command(elastic_run, example, etcd, prefix, state, book, standby=False, epochs=EPOCHS,
+            extra=()):
+    endpoints = ",".join(f"127.0.0.1:{p}" for p in (etcd if isinstance(etcd, list) else [etcd]))
+    return ([elastic_run] + (["--standby"] if standby else []) + list(extra) +
+            ["--state-store", f"etcd://{endpoints}/{prefix}", "--lease-ttl", str(TTL),
+             "--state-dir", str(state), "-np", "2", "--min-np", "1", "--driver-timeout", "60",
+             example, "--epochs", str(epochs), "--step-ms", "10", "--ledger", book])
+
+
+def end(marker, *jobs):
+    for job in jobs:
+        if job:
+            job.kill()
+    for pid in procs_with_marker(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not wait_no_marker(marker, timeout=15)
+
+
+def check_fault_free(book, text, fault_free_hash):
+    assert f"hash {fault_free_hash}" in text, text
+    # No rollback: the round went on through the failover, every sample once.
+    problems = ledger.check(book, SAMPLES, EPOCHS, max_rollback=0)
+    assert not problems, "\n".join(problems)
+
+
+def test_a_standby_adopts_the_workers_of_a_killed_leader_and_the_job_ends_fault_free(
+        elastic_run, example, etcd, fault_free_hash, tmp_path):
+    marker = f"ha-kill-{os.getpid()}"
+    prefix = f"test/kill-{os.getpid()}"
+    state, book = tmp_path / "state", str(tmp_path / "ledger")
+    leader = standby = None
+    try:
+        leader = Job(command(elastic_run, example, etcd, prefix, state, book), env=env_of(marker))
+        leader.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
+        # Its own options may differ from the leader's: here, an event log.
+        standby = Job(command(elastic_run, example, etcd, prefix, state, book, standby=True,
+                              extra=["--event-log", str(tmp_path / "standby.jsonl")]),
+                      env=env_of(marker))
+        standby.wait_for(r"standby: the driver at .* leads the job", timeout=30)
+        pids = wait_workers(marker, 2)
+        os.kill(leader.proc.pid, signal.SIGKILL)
+        leader.proc.wait(10)
+        standby.wait_for(r"this driver leads the job now", timeout=TTL + 30)
+        standby.wait_for(r"2 worker\(s\) re-attached", timeout=30)
+        assert workers(marker) == pids  # the same processes: nothing started again
+        value, _ = etcd_get(etcd, f"/{prefix}/leader")
+        assert value.split("\n")[1] == str(standby.proc.pid), value
+        assert standby.wait(timeout=120) == 0, standby.text()
+    finally:
+        end(marker, leader, standby)
+    check_fault_free(book, leader.text() + "\n" + standby.text(), fault_free_hash)
+    with open(tmp_path / "standby.jsonl") as f:
+        evs = [json.loads(l) for l in f]
+    resumed = [e for e in evs if e["event"] == "driver_resumed"]
+    assert len(resumed) == 1 and resumed[0]["resumed"] and resumed[0]["lost"] == [], resumed
+    assert [e["event"] for e in evs if e["event"] == "round_formed"] == []  # the round went on
+    # The job's end is in the store, and no journal is left for a standby to adopt.
+    done, _ = etcd_get(etcd, f"/{prefix}/done")
+    assert json.loads(done)["code"] == 0, done
+    assert etcd_get(etcd, f"/{prefix}/journal") == (None, 0)
+
+
+def test_a_paused_leader_is_fenced_off_and_ends_without_touching_the_workers(
+        elastic_run, example, etcd, fault_free_hash, tmp_path):
+    """Split brain: the leader is paused (SIGSTOP) past its lease while the workers train; the
+    standby leads; when the old leader runs again it must see it no longer leads and end (exit
+    3), and the workers must follow the new one."""
+    marker = f"ha-stop-{os.getpid()}"
+    prefix = f"test/stop-{os.getpid()}"
+    state, book = tmp_path / "state", str(tmp_path / "ledger")
+    leader = standby = None
+    try:
+        leader = Job(command(elastic_run, example, etcd, prefix, state, book), env=env_of(marker))
+        leader.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
+        standby = Job(command(elastic_run, example, etcd, prefix, state, book, standby=True),
+                      env=env_of(marker))
+        standby.wait_for(r"standby: the driver at .* leads the job", timeout=30)
+        pids = wait_workers(marker, 2)
+        os.kill(leader.proc.pid, signal.SIGSTOP)
+        standby.wait_for(r"this driver leads the job now", timeout=TTL + 30)
+        standby.wait_for(r"2 worker\(s\) re-attached", timeout=30)
+        os.kill(leader.proc.pid, signal.SIGCONT)
+        assert leader.wait(timeout=30) == 3, leader.text()
+        assert "no longer leads the job" in leader.text(), leader.text()
+        assert workers(marker) == pids  # the old leader killed none of them
+        value, _ = etcd_get(etcd, f"/{prefix}/leader")
+        assert value.split("\n")[1] == str(standby.proc.pid), value
+        assert standby.wait(timeout=120) == 0, standby.text()
+    finally:
+        end(marker, leader, standby)
+    check_fault_free(book, standby.text(), fault_free_hash)
+
+
+def test_a_second_leader_is_refused_and_a_standby_ends_with_the_job(
+        elastic_run, example, etcd, tmp_path):
+    marker = f"ha-two-{os.getpid()}"
+    prefix = f"test/two-{os.getpid()}"
+    state, book = tmp_path / "state", str(tmp_path / "ledger")
+    leader = standby = None
+    try:
+        leader = Job(command(elastic_run, example, etcd, prefix, state, book, epochs=4),
+                     env=env_of(marker))
+        leader.wait_for(r"\[0\]<stdout>:epoch 0 done", timeout=60)
+        rc, out = run(command(elastic_run, example, etcd, prefix, tmp_path / "other",
+                              str(tmp_path / "other-ledger"), epochs=4), env=env_of(marker),
+                      timeout=60)
+        assert rc == 1, out
+        assert f"pid {leader.proc.pid}" in out and "--standby" in out, out
+        standby = Job(command(elastic_run, example, etcd, prefix, state, book, standby=True,
+                              epochs=4), env=env_of(marker))
+        standby.wait_for(r"standby: the driver at .* leads the job", timeout=30)
+        assert leader.wait(timeout=120) == 0, leader.text()
+        # The job ended under its leader: the standby has nothing to take over.
+        assert standby.wait(timeout=30) == 0, standby.text()
+        assert "the job ended under another driver" in standby.text(), standby.text()
+    finally:
+        end(marker, leader, standby)
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--state-store", "http://127.0.0.1:2379/x", "--state-dir", "S"], "not an etcd:// URL"),
+    (["--state-store", "etcd://127.0.0.1:2379", "--state-dir", "S"], "no /PREFIX"),
+    (["--state-store", "etcd://127.0.0.1:99999/x", "--state-dir", "S"], "bad port"),
+    (["--state-store", "etcd://127.0.0.1:2379/x"], "--state-store needs --state-dir"),
+    (["--standby"], "--standby and --lease-ttl need --state-store"),
+])
+def test_bad_high_availability_arguments_are_refused_with_exit_2(elastic_run, tmp_path, args,
+                                                                 says):
+    args = [str(tmp_path / a) if a == "S" else a for a in args]
+    rc, out = run([elastic_run] + args + ["-np", "1", "true"], timeout=30)
+    assert rc == 2, out
+    assert says in out, out
+
+
+def test_a_leader_without_etcd_says_which_endpoints_did_not_answer(elastic_run, tmp_path):
+    port = free_port()  # nothing listens there
+    rc, out = run([elastic_run, "--state-store", f"etcd://127.0.0.1:{port}/x",
+                   "--state-dir", str(tmp_path / "s"), "-np", "1", "true"], timeout=60)
+    assert rc == 1, out
+    assert f"no etcd endpoint of etcd://127.0.0.1:{port}/x answered" in out, out
+
+
+def test_a_standby_of_another_program_is_refused_without_taking_the_lead(
+        elastic_run, example, etcd, tmp_path):
+    marker = f"ha-other-{os.getpid()}"
+    prefix = f"test/other-{os.getpid()}"
+    state, book = tmp_path / "state", str(tmp_path / "ledger")
+    leader = None
+    try:
+        leader = Job(command(elastic_run, example, etcd, prefix, state, book, epochs=40),
+                     env=env_of(marker))
+        leader.wait_for(r"\[0\]<stdout>:epoch 0 done", timeout=60)
+        os.kill(leader.proc.pid, signal.SIGKILL)
+        leader.proc.wait(10)
+        # Once the killed leader's lease is gone, the journal is of another program's job:
+        # refused before it leads.
+        rc, out = run(command(elastic_run, example, etcd, prefix, state, book, standby=True,
+                              epochs=41), env=env_of(marker), timeout=60)
+        assert rc == 2, out
+        assert "its job runs another program" in out, out
+        assert etcd_get(etcd, f"/{prefix}/leader") == (None, 0)  # it never took the lead
+    finally:
+        end(marker, leader)
+
+
+def test_one_etcd_member_lost_costs_nothing(elastic_run, example, fault_free_hash, tmp_path):
+    """A three-member etcd; the member the driver talks to first is killed mid-job: the driver
+    goes on with the others and still leads, and the job ends as a fault-free one."""
+    members = start_etcd(tmp_path / "etcd", members=3)
+    ports = [p for _, p in members]
+    marker = f"ha-member-{os.getpid()}"
+    prefix = f"test/member-{os.getpid()}"
+    state, book = tmp_path / "state", str(tmp_path / "ledger")
+    leader = None
+    try:
+        leader = Job(command(elastic_run, example, ports, prefix, state, book),
+                     env=env_of(marker))
+        leader.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
+        members[0][0].kill()
+        members[0][0].wait()
+        # Past two TTLs: its lease was renewed through the others (else it would step down).
+        leader.wait_for(r"\[0\]<stdout>:epoch 9 done", timeout=120)
+        value, _ = etcd_get(ports[1], f"/{prefix}/leader")
+        assert value.split("\n")[1] == str(leader.proc.pid), value
+        assert leader.wait(timeout=120) == 0, leader.text()
+        assert "no longer leads" not in leader.text()
+    finally:
+        end(marker, leader)
+        stop_etcd(members)
+    check_fault_free(book, leader.text(), fault_free_hash)
+
+
+def test_etcd_gone_past_the_ttl_the_leader_steps_down_the_workers_train_on_and_a_standby_leads_after(
+        elastic_run, example, fault_free_hash, tmp_path):
+    members = start_etcd(tmp_path / "etcd")
+    port = members[0][1]
+    marker = f"ha-outage-{os.getpid()}"
+    prefix = f"test/outage-{os.getpid()}"
+    state, book = tmp_path / "state", str(tmp_path / "ledger")
+    leader = standby = None
+    try:
+        leader = Job(command(elastic_run, example, port, prefix, state, book),
+                     env=env_of(marker))
+        leader.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
+        standby = Job(command(elastic_run, example, port, prefix, state, book, standby=True),
+                      env=env_of(marker))
+        standby.wait_for(r"standby: the driver at .* leads the job", timeout=30)
+        pids = wait_workers(marker, 2)
+        os.kill(members[0][0].pid, signal.SIGSTOP)  # etcd answers nobody
+        assert leader.wait(timeout=TTL + 30) == 3, leader.text()
+        assert "no longer leads the job" in leader.text(), leader.text()
+        # The workers train on with no driver (their epochs keep coming, shown by nobody:
+        # counted in the ledger), and the standby waits for etcd.
+        steps = ledger_lines(book)
+        deadline = time.monotonic() + 30
+        while ledger_lines(book) <= steps + 50 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ledger_lines(book) > steps + 50, "the workers stopped training"
+        assert standby.proc.poll() is None, standby.text()
+        os.kill(members[0][0].pid, signal.SIGCONT)
+        standby.wait_for(r"this driver leads the job now", timeout=TTL + 30)
+        standby.wait_for(r"2 worker\(s\) re-attached", timeout=30)
+        assert workers(marker) == pids
+        assert standby.wait(timeout=120) == 0, standby.text()
+    finally:
+        if members[0][0].poll() is None:
+            os.kill(members[0][0].pid, signal.SIGCONT)
+        end(marker, leader, standby)
+        stop_etcd(members)
+    check_fault_free(book, standby.text(), fault_free_hash)
+
+
+def ledger_lines(prefix):
+    """Steps written to the workers' ledgers so far (every rank's files)."""
+    n = 0
+    for path in glob.glob(prefix + ".*"):
+        with open(path) as f:
+            n += f.read().count("\n")
+    return n
