@@ -10,6 +10,7 @@
 #   scripts/soak.sh --workload python --minutes 10     # PyTorch, DataLoader(num_workers=2)
 #   scripts/soak.sh --hosts netns --minutes 10         # three namespace hosts (root)
 #   scripts/soak.sh --overlap --minutes 10             # faults that do not wait for recovery
+#   scripts/soak.sh --standby --minutes 10             # a standby driver takes over (etcd)
 #
 # Needs a build (scripts/test.sh makes one in ./build; BUILD_DIR=... to use another).
 set -euo pipefail

@@ -41,6 +41,15 @@ ride out a lost driver, and the driver started again attaches to them through th
   driver-kill   SIGKILL of the driver alone; 0-10 s later the same command again, which must
                 adopt the running workers (no worker lost, none started again: the in-place
                 check below), the round going on without a rollback
+With --standby (local hosts), every job keeps its journal in an etcd the soak starts
+(--state-store) and runs a standby driver beside its leader; nobody starts a driver again:
+  driver-kill   SIGKILL of the leader; the standby must adopt the running workers by itself
+                (the same checks), and a new standby is started beside it
+  driver-pause  SIGSTOP of the leader past its lease: the standby must adopt the workers, and
+                the old leader, continued, must end by itself with exit 3 (no longer leads)
+                without touching a worker
+and a standby must end with the job's exit code when the job ends under another driver
+(job-kill is left out: the soak would start a driver while the killed one's lease holds).
 
 After each job it checks, with oracles that do not ask the product: exit 0; every sample index
 of every epoch consumed by exactly one committed step (the workers' ledgers); no round resuming
@@ -66,6 +75,7 @@ from run to run. Exits 0 when every job kept the promise, 1 otherwise (the faili
 is kept and named).
 """
 import argparse
+import atexit
 import collections
 import json
 import os
@@ -84,6 +94,7 @@ sys.path.insert(0, str(ROOT / "tests" / "python"))
 sys.path.insert(0, str(ROOT / "tests" / "soak"))
 
 import ledger  # noqa: E402
+from etcd_server import start_etcd, stop_etcd  # noqa: E402
 from helpers import Job, pid_alive, procs_with_marker, run  # noqa: E402
 from hosts import Discovery, LocalHosts, NetnsHosts  # noqa: E402
 from workloads import CppWorkload, PythonWorkload  # noqa: E402
@@ -96,6 +107,8 @@ OVERLAP_WEIGHTS = {"kill-many": 10, "stop-cont": 10, "spare-kill": 6, "spare-sto
 CHECKPOINT_WEIGHTS = {"job-kill": 5, "kill-all": 5}
 # Local hosts only: remote workers do not ride out a lost driver (docs/recovery.md).
 DRIVER_WEIGHTS = {"driver-kill": 6}
+STANDBY_WEIGHTS = {"driver-pause": 3}  # --standby
+LEASE_TTL = 3  # --lease-ttl of the soak's jobs with --standby
 RESTARTS = {"job-kill", "kill-all"}  # the state is lost on purpose; a checkpoint takes over
 MAX_RESTARTS = 2  # of each kind per job: each costs a restart's time
 # Faults that take workers away (or may: a host fault can make its workers lost).
@@ -104,7 +117,7 @@ DESTRUCTIVE = {"kill", "kill-on-form", "leave", "stop", "kill-many", "stop-cont"
 # Without --overlap, these wait for a commit in a round newer than the last one's: they
 # certainly take workers away, so the job must have recovered first.
 GATED = {"kill", "kill-on-form", "leave", "stop", "kill-many", "host-kill", "job-kill",
-         "kill-all", "driver-kill"}
+         "kill-all", "driver-kill", "driver-pause"}
 HOST_FAULTS = {"host-kill", "link-flap", "loss", "cap", "partition"}
 LIVENESS = 4  # --liveness-timeout of the soak's jobs
 RENDEZVOUS = 30  # --rendezvous-timeout
@@ -343,6 +356,16 @@ class Soak:
             self.weights.update(CHECKPOINT_WEIGHTS)
         self.weights.update(self.hosts.faults)
         self.weights.update(DRIVER_WEIGHTS)
+        self.etcd = None
+        if args.standby:
+            if args.hosts != "local":
+                raise SystemExit("soak: --standby runs with --hosts local")
+            self.weights.update(STANDBY_WEIGHTS)
+            # A job killed whole is taken over by its standby (it starts afresh from the
+            # newest checkpoint), not started again by the soak: job-kill is not of this mode.
+            self.weights.pop("job-kill", None)
+            self.etcd = start_etcd(pathlib.Path(tempfile.mkdtemp(prefix="elastic-soak-etcd-")))
+            atexit.register(stop_etcd, self.etcd)
         for kind, weight in args.weight:  # a fault kind stressed, or left out with 0
             if kind not in self.weights:
                 raise SystemExit(f"soak: --weight {kind}: not a fault of this mode "
@@ -363,8 +386,13 @@ class Soak:
             raise SystemExit(f"soak: the fault-free run failed (exit {rc}):\n{out[-3000:]}")
         return want
 
-    def job_args(self, j, spares):
-        return ([self.elastic_run, "--min-np", str(self.work.min_np), "--max-np",
+    def job_args(self, j, spares, standby=False):
+        store = []
+        if self.etcd:
+            store = ["--state-store", f"etcd://127.0.0.1:{self.etcd[0][1]}/soak/"
+                     f"{j.folder.name}", "--lease-ttl", str(LEASE_TTL)]
+        return ([self.elastic_run] + (["--standby"] if standby else []) + store +
+                ["--min-np", str(self.work.min_np), "--max-np",
                  str(self.work.max_np), "--spares", str(spares),
                  "--host-discovery-script", str(j.disc.script), "--discovery-interval", "0.5",
                  "--discovery-timeout", "2", "--host-failure-limit", "0",
@@ -386,6 +414,7 @@ class Soak:
         # Some jobs keep warm spares: lost members' places are then taken by them.
         spares = rng.choice([0, 0, 1, 2])
         job = Job(self.job_args(j, spares), env=env)
+        j.standby = Job(self.job_args(j, spares, True), env=env) if self.etcd else None
         started = time.monotonic()
         gate_round = -1  # a destructive fault waits for a commit in a round newer than this
         stop_pending = False  # the last destructive fault was a SIGSTOP
@@ -447,11 +476,19 @@ class Soak:
                     continue  # one host at least is never impaired
                 if destructive and lasting and not self.args.overlap:
                     continue
-                if action == "driver-kill":
-                    job = self.kill_driver(j, job, env, spares)
+                if action in ("driver-kill", "driver-pause"):
+                    if j.standby:
+                        job = self.take_over(j, job, env, spares, action)
+                    else:
+                        job = self.kill_driver(j, job, env, spares)
                     continue
                 if action == "job-kill":
+                    if j.standby:  # the whole job: its standby too, started again after
+                        j.standby.kill()
+                        j.standby.wait(timeout=30)
                     restarted = self.kill_job(j, job, marker, env, spares)
+                    if j.standby and restarted is not None:
+                        j.standby = Job(self.job_args(j, spares, True), env=env)
                     if restarted is None:
                         break  # the violation is recorded; `job` is the killed run
                     if restarted is not job:
@@ -471,6 +508,12 @@ class Soak:
             self.heal_all(lasting)
             j.disc.set_mode("good")
             rc = job.wait(timeout=max(10, self.args.job_timeout - (time.monotonic() - started)))
+            if j.standby:
+                # The job ended under its leader: the standby ends with the job's code.
+                src = j.standby.wait(timeout=30)
+                if src != rc:
+                    j.problems.append(f"the standby ended with {src}, the job with {rc}: "
+                                      + " | ".join(j.standby.lines[-3:]))
         except AssertionError as e:  # Job.wait's timeout
             rc = None
             self.violations.append(f"job {seed}: {str(e)[:200]}")
@@ -479,6 +522,8 @@ class Soak:
             if job.proc.poll() is None:
                 self.dump_stacks(marker, folder)
             job.kill()
+            if j.standby:
+                j.standby.kill()
         j.ev.poll()
         (folder / "output.txt").write_text(job.text() + "\n")
         problems = j.problems + self.check(rc, job, want, j, marker, shm_before)
@@ -537,6 +582,46 @@ class Soak:
             if wrong:
                 j.problems.append(f"workers lost across a driver-kill that touched none: "
                                   f"{wrong}")
+        return job
+
+    def take_over(self, j, job, env, spares, action):
+        """--standby: driver-kill (SIGKILL of the leader) or driver-pause (SIGSTOP past its
+        lease, then SIGCONT): the standby must adopt the running workers by itself; a paused
+        leader must then end with exit 3. A new standby is started. Returns the new leader."""
+        if j.counts[action] >= MAX_RESTARTS:
+            return job
+        j.ev.poll()
+        formed = j.ev.last("round_formed")
+        pids = {e["slot"]: e["pid"] for e in j.ev.all if e["event"] == "worker_started"}
+        fault = j.record(action, [])
+        os.kill(job.proc.pid, signal.SIGSTOP if action == "driver-pause" else signal.SIGKILL)
+        leader, job = job, j.standby
+        resumed = wait_event(j.ev, "driver_resumed", job.proc, LEASE_TTL + RENDEZVOUS + 30)
+        if action == "driver-pause":
+            os.kill(leader.proc.pid, signal.SIGCONT)
+        try:
+            code = leader.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            code = None
+            leader.kill()
+        (j.folder / f"output-driver-{j.counts[action]}-{action}.txt").write_text(
+            leader.text() + "\n")
+        if action == "driver-pause" and code != 3:
+            j.problems.append(f"the paused leader, continued after the standby took over, "
+                              f"ended with {code}, not 3 (no longer leads)")
+        j.standby = Job(self.job_args(j, spares, True), env=env)
+        fault.until = time.time()
+        if resumed is None or not resumed.get("resumed"):
+            j.problems.append(f"the standby did not adopt the job after a {action}: {resumed}")
+            return job
+        started = {e["slot"]: e["ts"] for e in j.ev.all if e["event"] == "worker_started"}
+        def starting(s):  # as in kill_driver
+            t = started.get(s, 0)
+            return ((s not in formed["members"] or t > formed["ts"]) and
+                    fault.at - t <= SPARE_WARM)
+        wrong = [s for s in resumed["lost"] if pids.get(s) not in j.hit and not starting(s)]
+        if wrong:
+            j.problems.append(f"workers lost across a {action} that touched none: {wrong}")
         return job
 
     def kill_job(self, j, job, marker, env, spares):
@@ -903,7 +988,8 @@ class Soak:
                     for g in faults)
             # Several in effect: the longest of their bounds.
             kinds = {"crash"}
-            for name, which in (("restart", RESTARTS), ("driver", {"driver-kill"}),
+            for name, which in (("restart", RESTARTS),
+                                ("driver", {"driver-kill", "driver-pause"}),
                                 ("network", NETWORK), ("silent", SILENT)):
                 if in_effect(which):
                     kinds.add(name)
@@ -914,7 +1000,8 @@ class Soak:
             # job does, after the kill: the time from the gap's start to the driver's kill
             # comes on top (overlap soak, seed 660049395, job 0: stop, kill, driver killed
             # 2.6 s later, 40.05 s in all).
-            kills = [g.at for g in faults if g.kind == "driver-kill" and a <= g.at <= b]
+            kills = [g.at for g in faults
+                     if g.kind in ("driver-kill", "driver-pause") and a <= g.at <= b]
             if "driver-silent" in kinds and kills:
                 bound = max(bound, STALL["driver-silent"] + (kills[0] - a))
             gap = b - a
@@ -1089,6 +1176,9 @@ def parse():
                    help="faults do not wait for the previous recovery (one holder of the "
                         "state is always left); adds kill-many, stop-cont, spare-kill/stop, "
                         "newcomer-kill")
+    p.add_argument("--standby", action="store_true",
+                   help="a standby driver beside each job's leader, its journal in an etcd "
+                        "the soak starts; driver-kill and driver-pause then test the takeover")
     p.add_argument("--checkpoints", action="store_true",
                    help="every job writes checkpoints (--checkpoint-dir); adds job-kill (the "
                         "whole job killed and started again) and kill-all (every holder of "
