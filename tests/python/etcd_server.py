@@ -16,38 +16,40 @@ def free_port():
         return s.getsockname()[1]
 
 
-def etcd_call(port, path, body):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+def etcd_call(port, path, body, host="127.0.0.1"):
+    req = urllib.request.Request(f"http://{host}:{port}{path}", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=5) as r:
         return json.loads(r.read())
 
 
-def etcd_get(port, key):
+def etcd_get(port, key, host="127.0.0.1"):
     """The key's value (text) and its lease id, or (None, 0)."""
-    got = etcd_call(port, "/v3/kv/range", {"key": base64.b64encode(key.encode()).decode()})
+    got = etcd_call(port, "/v3/kv/range", {"key": base64.b64encode(key.encode()).decode()},
+                    host)
     if not got.get("kvs"):
         return None, 0
     kv = got["kvs"][0]
     return base64.b64decode(kv.get("value", "")).decode(), int(kv.get("lease", 0))
 
 
-def start_etcd(data, members=1):
-    """`members` etcd members on loopback, one cluster; [(process, client port)]."""
+def start_etcd(data, members=1, host="127.0.0.1"):
+    """`members` etcd members on `host` (an address of this machine: loopback, or a test's
+    bridge), one cluster; [(process, client port)]."""
     binary = shutil.which("etcd")
     assert binary, "etcd is not installed: scripts/setup-deps.sh installs Debian's etcd-server"
     data.mkdir(parents=True, exist_ok=True)
     for _ in range(5):
         ports = [(free_port(), free_port()) for _ in range(members)]
-        cluster = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, (_, p) in enumerate(ports))
+        cluster = ",".join(f"m{i}=http://{host}:{p}" for i, (_, p) in enumerate(ports))
         procs = []
         for i, (client, peer) in enumerate(ports):
             procs.append(subprocess.Popen(
                 [binary, "--data-dir", str(data / f"m{i}"), "--name", f"m{i}",
-                 "--listen-client-urls", f"http://127.0.0.1:{client}",
-                 "--advertise-client-urls", f"http://127.0.0.1:{client}",
-                 "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                 "--listen-client-urls", f"http://{host}:{client}",
+                 "--advertise-client-urls", f"http://{host}:{client}",
+                 "--listen-peer-urls", f"http://{host}:{peer}",
+                 "--initial-advertise-peer-urls", f"http://{host}:{peer}",
                  "--initial-cluster", cluster, "--initial-cluster-state", "new"],
                 stdout=open(data / f"m{i}.log", "w"), stderr=subprocess.STDOUT))
         deadline = time.monotonic() + 60
@@ -56,7 +58,7 @@ def start_etcd(data, members=1):
                 p.poll() is None for p in procs):
             for i, (client, _) in enumerate(ports):
                 try:
-                    etcd_call(client, "/v3/kv/range", {"key": "eA=="})
+                    etcd_call(client, "/v3/kv/range", {"key": "eA=="}, host)
                     up.add(i)
                 except OSError:
                     pass

@@ -6,6 +6,7 @@ and etcd's own keys, read with its JSON API."""
 import glob
 import json
 import os
+import shutil
 import signal
 import time
 
@@ -14,6 +15,8 @@ import pytest
 from etcd_server import etcd_get, free_port, start_etcd, stop_etcd
 from helpers import Job, procs_with_marker, run, wait_no_marker
 import ledger
+from netns_hosts import SUBNET, address, kill_namespace, namespace_hosts, namespace_processes, \
+    sshd_on
 
 EPOCHS = 12
 SAMPLES = 4096
@@ -314,3 +317,53 @@ def ledger_lines(prefix):
         with open(path) as f:
             n += f.read().count("\n")
     return n
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                    reason="needs root and iproute2")
+def test_the_leaders_whole_host_dies_and_a_standby_on_another_host_adopts_the_ssh_workers(
+        elastic_run, example, fault_free_hash, tmp_path):
+    """Four namespace hosts: two with workers (launched over ssh), the leader's and the
+    standby's; etcd on the bridge. Every process of the leader's host is killed: the standby,
+    on another host, must lead, attach to the same worker processes over ssh, and finish the
+    job fault-free, leaving nothing on any host."""
+    with namespace_hosts(4) as names, sshd_on(names[:2], tmp_path) as (addrs, key):
+        members = start_etcd(tmp_path / "etcd", host=f"{SUBNET}.1")
+        port = members[0][1]
+        book = str(tmp_path / "ledger")
+
+        def driver(i, standby=False):
+            return Job(["ip", "netns", "exec", names[i], elastic_run] +
+                       (["--standby"] if standby else []) +
+                       ["--state-store", f"etcd://{SUBNET}.1:{port}/host-test", "--lease-ttl",
+                        str(TTL), "--state-dir", str(tmp_path / f"state{i}"), "-np", "4",
+                        "--min-np", "1", "--driver-timeout", "60",
+                        "-H", ",".join(f"{a}:2" for a in addrs), "--driver-address", address(i),
+                        "--ssh-port", "2222", "--ssh-identity-file", key,
+                        example, "--epochs", str(EPOCHS), "--step-ms", "10", "--ledger", book])
+
+        leader = standby = None
+        try:
+            leader = driver(2)
+            leader.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=90)
+            standby = driver(3, standby=True)
+            standby.wait_for(r"standby: the driver at .* leads the job", timeout=30)
+            pids = namespace_processes(names[:2], "logistic_regression")
+            assert len(pids) == 4, pids
+            kill_namespace(names[2])  # the leader's host, every process of it
+            standby.wait_for(r"this driver leads the job now", timeout=TTL + 30)
+            standby.wait_for(r"4 worker\(s\) re-attached", timeout=60)
+            assert namespace_processes(names[:2], "logistic_regression") == pids
+            value, _ = etcd_get(port, "/host-test/leader", host=f"{SUBNET}.1")
+            assert value.startswith(address(3) + ":"), value
+            assert standby.wait(timeout=120) == 0, standby.text()
+        finally:
+            for job in (leader, standby):
+                if job:
+                    job.kill()
+            stop_etcd(members)
+        check_fault_free(book, standby.text(), fault_free_hash)
+        deadline = time.monotonic() + 15
+        while namespace_processes(names) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert namespace_processes(names) == []

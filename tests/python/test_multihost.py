@@ -8,54 +8,20 @@ import shutil
 import signal
 import subprocess
 import time
-import uuid
 
 import pytest
 
 from helpers import Job, job_token_of, run, token_on_a_command_line
+from netns_hosts import SUBNET, namespace_hosts, namespace_processes, sh, sshd_on
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2")
 
-SUBNET = "10.213.77"  # a private /24 that exists only on this test's bridge
-
-
-def sh(*args):
-    subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
 @pytest.fixture
 def hosts():
     """Two namespaces, h1 and h2, on a bridge; the driver is the bridge's address."""
-    tag = uuid.uuid4().hex[:6]
-    bridge, names = f"elbr{tag}", [f"el{tag}h1", f"el{tag}h2"]
-    try:
-        sh("ip", "link", "add", bridge, "type", "bridge")
-        sh("ip", "addr", "add", f"{SUBNET}.1/24", "dev", bridge)
-        sh("ip", "link", "set", bridge, "up")
-        for i, ns in enumerate(names):
-            veth, peer = f"elv{tag}{i}", f"elp{tag}{i}"
-            sh("ip", "netns", "add", ns)
-            sh("ip", "link", "add", veth, "type", "veth", "peer", "name", peer)
-            sh("ip", "link", "set", peer, "netns", ns)
-            sh("ip", "link", "set", veth, "master", bridge)
-            sh("ip", "link", "set", veth, "up")
-            sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{SUBNET}.{11 + i}/24", "dev", peer)
-            sh("ip", "netns", "exec", ns, "ip", "link", "set", peer, "up")
-            sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-    except subprocess.CalledProcessError as e:
-        pytest.skip(f"network namespaces unavailable: {e.stderr.decode().strip()}")
-    yield names
-    for ns in names:
-        pids = subprocess.run(["ip", "netns", "pids", ns], stdout=subprocess.PIPE,
-                              text=True).stdout.split()
-        for pid in pids:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
-    subprocess.run(["ip", "link", "del", bridge], stderr=subprocess.DEVNULL)
+    with namespace_hosts(2) as names:
+        yield names
 
 
 def launcher_args(names, slots=2):
@@ -96,47 +62,8 @@ def test_a_host_that_dies_leaves_the_other_training(elastic_run, build_dir, host
 @pytest.fixture
 def sshd_hosts(hosts, tmp_path):
     """An sshd in each namespace host (port 2222, its own keys and config under tmp_path)."""
-    if shutil.which("sshd") is None and not os.path.exists("/usr/sbin/sshd"):
-        pytest.skip("openssh-server is not installed")
-    key = tmp_path / "client_key"
-    host_key = tmp_path / "host_key"
-    sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
-    sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key))
-    (tmp_path / "authorized_keys").write_text((tmp_path / "client_key.pub").read_text())
-    os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory
-    procs = []
-    for i, ns in enumerate(hosts):
-        addr = f"{SUBNET}.{11 + i}"
-        cfg = tmp_path / f"sshd_{i}.conf"
-        cfg.write_text(f"""ListenAddress {addr}
-Port 2222
-HostKey {host_key}
-AuthorizedKeysFile {tmp_path}/authorized_keys
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-PidFile {tmp_path}/sshd_{i}.pid
-""")
-        procs.append(subprocess.Popen(["ip", "netns", "exec", ns, "/usr/sbin/sshd", "-D", "-e",
-                                       "-f", str(cfg)], stderr=subprocess.DEVNULL))
-    addrs = [f"{SUBNET}.{11 + i}" for i in range(len(hosts))]
-    # Wait (bounded) until both accept a login.
-    for addr in addrs:
-        for _ in range(100):
-            ok = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-                                 "-o", "ConnectTimeout=2", "-p", "2222", "-i", str(key), addr,
-                                 "true"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            if ok.returncode == 0:
-                break
-        else:
-            # sshd is installed and the namespaces work: a login that fails is a failure.
-            pytest.fail(f"sshd in the namespace at {addr} does not accept logins")
-    yield addrs, str(key)
-    for p in procs:
-        p.kill()
-        p.wait()
+    with sshd_on(hosts, tmp_path) as got:
+        yield got
 
 
 def test_ssh_launcher_runs_workers_on_namespace_hosts(elastic_run, test_worker, sshd_hosts):
@@ -228,23 +155,6 @@ def test_the_token_is_on_no_command_line_with_ssh_a_spare_and_a_relaunch(
         assert token_on_a_command_line(token) == []
     finally:
         job.kill()
-
-
-def namespace_processes(hosts, name=None):
-    """The processes in the hosts' network namespaces (sshd aside), or those running the
-    program `name` (argv[0]), from /proc: the oracle for which workers run and what is left."""
-    out = []
-    for ns in hosts:
-        for pid in subprocess.run(["ip", "netns", "pids", ns], stdout=subprocess.PIPE,
-                                  text=True).stdout.split():
-            try:
-                argv0 = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0].decode()
-            except OSError:
-                continue
-            prog = os.path.basename(argv0)
-            if prog != "sshd" and not argv0.startswith("sshd:") and name in (None, prog):
-                out.append(int(pid))
-    return sorted(out)
 
 
 def test_ssh_workers_on_two_hosts_ride_out_a_killed_driver_and_are_adopted(
