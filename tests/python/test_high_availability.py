@@ -16,7 +16,7 @@ from etcd_server import etcd_get, free_port, start_etcd, stop_etcd
 from helpers import Job, procs_with_marker, run, wait_no_marker
 import ledger
 from netns_hosts import SUBNET, address, kill_namespace, namespace_hosts, namespace_processes, \
-    sshd_on
+    sh, sshd_on
 
 EPOCHS = 12
 SAMPLES = 4096
@@ -321,12 +321,15 @@ def ledger_lines(prefix):
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
                     reason="needs root and iproute2")
-def test_the_leaders_whole_host_dies_and_a_standby_on_another_host_adopts_the_ssh_workers(
-        elastic_run, example, fault_free_hash, tmp_path):
+@pytest.mark.parametrize("fault", ["host-killed", "cut-off-from-etcd"])
+def test_a_standby_on_another_host_adopts_the_ssh_workers_of_a_lost_leader(
+        elastic_run, example, fault_free_hash, tmp_path, fault):
     """Four namespace hosts: two with workers (launched over ssh), the leader's and the
-    standby's; etcd on the bridge. Every process of the leader's host is killed: the standby,
-    on another host, must lead, attach to the same worker processes over ssh, and finish the
-    job fault-free, leaving nothing on any host."""
+    standby's; etcd on the bridge. host-killed: every process of the leader's host is killed.
+    cut-off-from-etcd: the leader's host can reach its workers but not etcd (nftables drops
+    its packets to etcd): the leader must step down by itself (exit 3) and the workers follow
+    the new one. Either way the standby, on another host, must lead, attach to the same worker
+    processes over ssh, and finish the job fault-free, leaving nothing on any host."""
     with namespace_hosts(4) as names, sshd_on(names[:2], tmp_path) as (addrs, key):
         members = start_etcd(tmp_path / "etcd", host=f"{SUBNET}.1")
         port = members[0][1]
@@ -350,7 +353,17 @@ def test_the_leaders_whole_host_dies_and_a_standby_on_another_host_adopts_the_ss
             standby.wait_for(r"standby: the driver at .* leads the job", timeout=30)
             pids = namespace_processes(names[:2], "logistic_regression")
             assert len(pids) == 4, pids
-            kill_namespace(names[2])  # the leader's host, every process of it
+            if fault == "host-killed":
+                kill_namespace(names[2])  # the leader's host, every process of it
+            else:
+                nft = ["ip", "netns", "exec", names[2], "nft"]
+                sh(*nft, "add", "table", "inet", "cut")
+                sh(*nft, "add", "chain", "inet", "cut", "out",
+                   "{ type filter hook output priority 0; }")
+                sh(*nft, "add", "rule", "inet", "cut", "out", "ip", "daddr", f"{SUBNET}.1",
+                   "tcp", "dport", str(port), "drop")
+                assert leader.wait(timeout=TTL + 30) == 3, leader.text()
+                assert "no longer leads the job" in leader.text(), leader.text()
             standby.wait_for(r"this driver leads the job now", timeout=TTL + 30)
             standby.wait_for(r"4 worker\(s\) re-attached", timeout=60)
             assert namespace_processes(names[:2], "logistic_regression") == pids
