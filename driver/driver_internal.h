@@ -171,7 +171,8 @@ class Driver : public rendezvous::Listener {
   // so that only the driver that leads now acts on the job (exit 3).
   [[noreturn]] void LostLeadership(const std::string& why);
   // The journal's job is this command's (driver/journal.h); INVALID_ARGUMENT saying how not.
-  Status SameJob(const Journal& journal) const;
+  // `say`: log the options that differ from the journal's (a store's job), once.
+  Status SameJob(const Journal& journal, bool say) const;
   // The journal goes (the file, and the store's while this driver leads).
   void DropJournal();
   Status StartServer(bool all_local);

@@ -36,7 +36,7 @@ Status Driver::TakeLeadership() {
   // leader may still be there (it never takes the lease for it).
   lo.check_journal = [this](const std::string& text) {
     auto journal = ParseJournal(text, opts_.state_store + " (journal)");
-    return journal.ok() ? SameJob(*journal) : journal.status();
+    return journal.ok() ? SameJob(*journal, false) : journal.status();
   };
   // SIGINT and SIGTERM are blocked (read through the signalfd once the job runs): a standby
   // that waits looks for them itself.
@@ -77,7 +77,7 @@ void Driver::DropJournal() {
   }
 }
 
-Status Driver::SameJob(const Journal& journal) const {
+Status Driver::SameJob(const Journal& journal, bool say) const {
   // With a store, the prefix names the job, and a standby elsewhere has paths of its own
   // (--state-dir, --event-log, ...): the program and its arguments must be the job's.
   if (!leadership_ && opts_.state_store.empty()) {
@@ -90,7 +90,7 @@ Status Driver::SameJob(const Journal& journal) const {
   const auto& cmd = opts_.command;
   if (journal.argv.size() >= cmd.size() &&
       std::equal(cmd.rbegin(), cmd.rend(), journal.argv.rbegin())) {
-    if (journal.argv != opts_.argv) {
+    if (say && journal.argv != opts_.argv) {
       spdlog::info("this driver's options differ from the leader's (`{}`); the journal's "
                    "decided the job so far, this driver's decide it from now on",
                    fmt::join(journal.argv, " "));
@@ -163,7 +163,7 @@ Status Driver::OpenStateDir() {
     DropJournal();
     return Status::Ok();
   }
-  RETURN_IF_ERROR(SameJob(*journal));
+  RETURN_IF_ERROR(SameJob(*journal, true));
   double ago =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() -
       journal->written_at;

@@ -53,10 +53,23 @@ std::string KeptStatus() {
 // Starts the Watcher on the launcher's stdin (fd 3) in a session of its own, as $w, for the
 // group `group` (a shell word; '' for the one the keeper names), and closes fd 3 in the
 // script when `close` says so.
+// With a folder, the watcher's pid goes to $D/watcher: a driver that adopts the worker later
+// (AttachScript) ends it, so that only the watcher of the driver that leads now decides (a
+// driver paused while a standby took over would otherwise end the worker when it dies at
+// last: its stdin closes after the agent has removed the ride-out file).
 std::string StartWatcher(int grace_seconds, const std::string& group = "\"$g\"",
                          bool close = true) {
   return "$S sh -c " + ShellQuote(Watcher(grace_seconds)) + " " + group +
-         " \"$D\" <&3 >/dev/null 2>&1 &\nw=$!\n" + (close ? "exec 3<&-\n" : "");
+         " \"$D\" <&3 >/dev/null 2>&1 &\nw=$!\n" +
+         "[ -n \"$D\" ] && echo $w >\"$D/watcher\"\n" + (close ? "exec 3<&-\n" : "");
+}
+
+// Ends the watcher that $D/watcher names, if it still is one of this worker's (its command
+// line names the folder: a pid that was reused is left alone).
+std::string EndOldWatcher() {
+  return "o=$(cat \"$D/watcher\" 2>/dev/null); case \"$o\" in ''|*[!0-9]*) ;; *) "
+         "tr '\\0' '\\n' </proc/$o/cmdline 2>/dev/null | grep -qxF \"$D\" && "
+         "kill -KILL $o 2>/dev/null;; esac\n";
 }
 
 // Relays the worker's output files from byte offsets (shell expressions) to this script's
@@ -202,6 +215,7 @@ std::string AttachScript(const RemoteWorker& w, int64_t stdout_offset, int64_t s
   s += "S=; command -v setsid >/dev/null 2>&1 && S=setsid\n";
   s += "exec 3<&0\n";
   s += Relays(from(stdout_offset), from(stderr_offset));
+  s += EndOldWatcher();
   s += StartWatcher(grace_seconds);
   s += "trap 'kill -TERM $g 2>/dev/null' TERM INT HUP\n";
   s += "while kill -0 $p 2>/dev/null; do sleep 0.2; done\n";

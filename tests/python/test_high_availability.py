@@ -321,15 +321,19 @@ def ledger_lines(prefix):
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
                     reason="needs root and iproute2")
-@pytest.mark.parametrize("fault", ["host-killed", "cut-off-from-etcd"])
+@pytest.mark.parametrize("fault", ["host-killed", "cut-off-from-etcd", "paused"])
 def test_a_standby_on_another_host_adopts_the_ssh_workers_of_a_lost_leader(
         elastic_run, example, fault_free_hash, tmp_path, fault):
     """Four namespace hosts: two with workers (launched over ssh), the leader's and the
     standby's; etcd on the bridge. host-killed: every process of the leader's host is killed.
     cut-off-from-etcd: the leader's host can reach its workers but not etcd (nftables drops
     its packets to etcd): the leader must step down by itself (exit 3) and the workers follow
-    the new one. Either way the standby, on another host, must lead, attach to the same worker
-    processes over ssh, and finish the job fault-free, leaving nothing on any host."""
+    the new one. paused: the leader is stopped until the standby has adopted the workers,
+    then continued: it ends (exit 3), and its ssh launches end with it, which must not end the
+    workers (soak seed 266509692: its launches' watchers ended them, after their agents had
+    removed the ride-out file). Each time the standby, on another host, must lead, attach to
+    the same worker processes over ssh, and finish the job fault-free with them alone, leaving
+    nothing on any host."""
     with namespace_hosts(4) as names, sshd_on(names[:2], tmp_path) as (addrs, key):
         members = start_etcd(tmp_path / "etcd", host=f"{SUBNET}.1")
         port = members[0][1]
@@ -355,6 +359,8 @@ def test_a_standby_on_another_host_adopts_the_ssh_workers_of_a_lost_leader(
             assert len(pids) == 4, pids
             if fault == "host-killed":
                 kill_namespace(names[2])  # the leader's host, every process of it
+            elif fault == "paused":
+                os.kill(leader.proc.pid, signal.SIGSTOP)
             else:
                 nft = ["ip", "netns", "exec", names[2], "nft"]
                 sh(*nft, "add", "table", "inet", "cut")
@@ -366,6 +372,9 @@ def test_a_standby_on_another_host_adopts_the_ssh_workers_of_a_lost_leader(
                 assert "no longer leads the job" in leader.text(), leader.text()
             standby.wait_for(r"this driver leads the job now", timeout=TTL + 30)
             standby.wait_for(r"4 worker\(s\) re-attached", timeout=60)
+            if fault == "paused":
+                os.kill(leader.proc.pid, signal.SIGCONT)
+                assert leader.wait(timeout=30) == 3, leader.text()
             assert namespace_processes(names[:2], "logistic_regression") == pids
             value, _ = etcd_get(port, "/host-test/leader", host=f"{SUBNET}.1")
             assert value.startswith(address(3) + ":"), value
@@ -376,6 +385,8 @@ def test_a_standby_on_another_host_adopts_the_ssh_workers_of_a_lost_leader(
                     job.kill()
             stop_etcd(members)
         check_fault_free(book, standby.text(), fault_free_hash)
+        # The same four processes trained to the end: one ledger each, none started again.
+        assert len(glob.glob(book + ".*")) == 4, glob.glob(book + ".*")
         deadline = time.monotonic() + 15
         while namespace_processes(names) and time.monotonic() < deadline:
             time.sleep(0.2)
