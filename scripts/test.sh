@@ -58,11 +58,12 @@ fi
 # leaves; PyTorch workers with DataLoader processes; three network namespace hosts under host
 # kills, link flaps, packet loss, bandwidth caps and partitions; overlapping faults; jobs with
 # checkpoints, killed whole and restarted or losing every holder of the state; a standby driver
-# beside each job's leader (an etcd of its own) taking over a killed or paused leader. The modes
-# combined (e.g. --workload python --overlap) run in longer soaks, not here.
+# beside each job's leader on a namespace host of its own (etcd on the bridge) taking over a
+# killed, paused or powered-off leader. The modes combined (e.g. --workload python --overlap)
+# run in longer soaks, not here.
 if [ "${ELASTIC_SKIP_SOAK:-0}" != "1" ]; then
   SOAK_MINUTES=${ELASTIC_SOAK_MINUTES:-1.5}
-  for mode in "" "--workload python" "--hosts netns" "--overlap" "--checkpoints" "--standby"; do
+  for mode in "" "--workload python" "--hosts netns" "--overlap" "--checkpoints" "--hosts netns --standby"; do
     echo "== chaos soak (${SOAK_MINUTES} min) ${mode:---workload cpp --hosts local}"
     # shellcheck disable=SC2086
     BUILD_DIR="$BUILD_DIR" bash scripts/soak.sh --minutes "$SOAK_MINUTES" $mode

@@ -56,8 +56,13 @@ class LocalHosts:
     names = ["localhost", "127.0.0.1"]  # two host names, both this machine
     first_slots = {"localhost": 2, "127.0.0.1": 1}
     faults = {}
+    driver_hosts = []  # the drivers run here, on this machine
+    store_address = "127.0.0.1"  # where the soak's etcd listens (--standby)
 
-    def launcher_args(self):
+    def launcher_args(self, driver_host=None):
+        return []
+
+    def driver_command(self, driver_host):
         return []
 
     def up(self):
@@ -86,15 +91,20 @@ class NetnsHosts:
     # Host faults and their weights, added to the soak's mix.
     faults = {"host-kill": 10, "link-flap": 12, "loss": 12, "cap": 10, "partition": 12}
 
-    def __init__(self, count=3):
+    def __init__(self, count=3, drivers=0):
         self.SUBNET = self.free_subnet()
         tag = uuid.uuid4().hex[:6]
         self.tag = tag
         self.bridge = f"esbr{tag}"
         self.names = [f"es{tag}h{i}" for i in range(count)]
-        self.veth = {n: f"esv{tag}{i}" for i, n in enumerate(self.names)}
-        self.peer = {n: f"esp{tag}{i}" for i, n in enumerate(self.names)}
-        self.addr = {n: f"{self.SUBNET}.{11 + i}" for i, n in enumerate(self.names)}
+        # Hosts of the drivers alone (--standby): the leader's and its standby's; no worker
+        # runs there, and host faults never pick them (driver-host-kill does).
+        self.driver_hosts = [f"es{tag}d{i}" for i in range(drivers)]
+        every = self.names + self.driver_hosts
+        self.veth = {n: f"esv{tag}{i}" for i, n in enumerate(every)}
+        self.peer = {n: f"esp{tag}{i}" for i, n in enumerate(every)}
+        self.addr = {n: f"{self.SUBNET}.{11 + i}" for i, n in enumerate(every)}
+        self.store_address = f"{self.SUBNET}.1"
         self.first_slots = {n: 1 for n in self.names}
         self.first_slots[self.names[0]] = 2
         self.impaired = {}  # host -> the fault that holds it now
@@ -109,16 +119,22 @@ class NetnsHosts:
                 return f"10.213.{x}"
         raise RuntimeError("no free 10.213.X.0/24 for the namespace hosts")
 
-    def launcher_args(self):
-        return ["--driver-address", f"{self.SUBNET}.1",
+    def launcher_args(self, driver_host=None):
+        """The driver listens on the bridge's address, or on its own host's."""
+        where = self.addr[driver_host] if driver_host else f"{self.SUBNET}.1"
+        return ["--driver-address", where,
                 "--launcher-template", "ip netns exec {host} sh -c {command}"]
+
+    def driver_command(self, driver_host):
+        """What runs a driver on its own host (nothing: on this machine's root namespace)."""
+        return ["ip", "netns", "exec", driver_host] if driver_host else []
 
     def up(self):
         """Makes the bridge and the namespaces; raises RuntimeError naming what failed."""
         sh("ip", "link", "add", self.bridge, "type", "bridge")
         sh("ip", "addr", "add", f"{self.SUBNET}.1/24", "dev", self.bridge)
         sh("ip", "link", "set", self.bridge, "up")
-        for n in self.names:
+        for n in self.names + self.driver_hosts:
             sh("ip", "netns", "add", n)
             sh("ip", "link", "add", self.veth[n], "type", "veth", "peer", "name", self.peer[n])
             sh("ip", "link", "set", self.peer[n], "netns", n)
@@ -192,7 +208,7 @@ class NetnsHosts:
 
     def down(self):
         self.heal()
-        for n in self.names:
+        for n in self.names + self.driver_hosts:
             for pid in self.pids(n):
                 try:
                     os.kill(pid, signal.SIGKILL)

@@ -50,6 +50,10 @@ With --standby (local hosts), every job keeps its journal in an etcd the soak st
                 without touching a worker
 and a standby must end with the job's exit code when the job ends under another driver
 (job-kill is left out: the soak would start a driver while the killed one's lease holds).
+With --standby --hosts netns the leader and its standby run on two namespace hosts of their own
+(etcd on the bridge), and one more fault joins:
+  driver-host-kill  every process of the leader's host killed (a power loss): the standby, on
+                the other host, must adopt the workers it launched
 
 After each job it checks, with oracles that do not ask the product: exit 0; every sample index
 of every epoch consumed by exactly one committed step (the workers' ledgers); no round resuming
@@ -108,6 +112,7 @@ CHECKPOINT_WEIGHTS = {"job-kill": 5, "kill-all": 5}
 # Local hosts only: remote workers do not ride out a lost driver (docs/recovery.md).
 DRIVER_WEIGHTS = {"driver-kill": 6}
 STANDBY_WEIGHTS = {"driver-pause": 3}  # --standby
+STANDBY_HOST_WEIGHTS = {"driver-host-kill": 4}  # --standby --hosts netns
 LEASE_TTL = 3  # --lease-ttl of the soak's jobs with --standby
 RESTARTS = {"job-kill", "kill-all"}  # the state is lost on purpose; a checkpoint takes over
 MAX_RESTARTS = 2  # of each kind per job: each costs a restart's time
@@ -117,7 +122,7 @@ DESTRUCTIVE = {"kill", "kill-on-form", "leave", "stop", "kill-many", "stop-cont"
 # Without --overlap, these wait for a commit in a round newer than the last one's: they
 # certainly take workers away, so the job must have recovered first.
 GATED = {"kill", "kill-on-form", "leave", "stop", "kill-many", "host-kill", "job-kill",
-         "kill-all", "driver-kill", "driver-pause"}
+         "kill-all", "driver-kill", "driver-pause", "driver-host-kill"}
 HOST_FAULTS = {"host-kill", "link-flap", "loss", "cap", "partition"}
 LIVENESS = 4  # --liveness-timeout of the soak's jobs
 RENDEZVOUS = 30  # --rendezvous-timeout
@@ -220,6 +225,7 @@ class JobRun:
         self.run_start = 0  # index in ev.all where the current run's events begin
         self.boundaries = []  # ms: each killed run's processes were all gone by then
         self.restarts = []  # (start, end) ms: the state lost on purpose (job-kill, kill-all)
+        self.leader_host = 0  # --standby --hosts netns: which driver host the leader is on
 
     def checkpointed(self):
         """A checkpoint was written in the current run (a restart has something to take)."""
@@ -348,7 +354,8 @@ class Soak:
         self.elastic_run = str(self.build / "driver" / "elastic-run")
         cls = PythonWorkload if args.workload == "python" else CppWorkload
         self.work = cls(self.build, args.epochs, args.step_ms)
-        self.hosts = NetnsHosts() if args.hosts == "netns" else LocalHosts()
+        self.hosts = (NetnsHosts(drivers=2 if args.standby else 0) if args.hosts == "netns"
+                      else LocalHosts())
         self.weights = dict(WEIGHTS)
         if args.overlap:
             self.weights.update(OVERLAP_WEIGHTS)
@@ -356,16 +363,14 @@ class Soak:
             self.weights.update(CHECKPOINT_WEIGHTS)
         self.weights.update(self.hosts.faults)
         self.weights.update(DRIVER_WEIGHTS)
-        self.etcd = None
+        self.etcd = None  # started with the hosts (soak), on their bridge with --hosts netns
         if args.standby:
-            if args.hosts != "local":
-                raise SystemExit("soak: --standby runs with --hosts local")
             self.weights.update(STANDBY_WEIGHTS)
+            if self.hosts.driver_hosts:
+                self.weights.update(STANDBY_HOST_WEIGHTS)
             # A job killed whole is taken over by its standby (it starts afresh from the
             # newest checkpoint), not started again by the soak: job-kill is not of this mode.
             self.weights.pop("job-kill", None)
-            self.etcd = start_etcd(pathlib.Path(tempfile.mkdtemp(prefix="elastic-soak-etcd-")))
-            atexit.register(stop_etcd, self.etcd)
         for kind, weight in args.weight:  # a fault kind stressed, or left out with 0
             if kind not in self.weights:
                 raise SystemExit(f"soak: --weight {kind}: not a fault of this mode "
@@ -386,12 +391,19 @@ class Soak:
             raise SystemExit(f"soak: the fault-free run failed (exit {rc}):\n{out[-3000:]}")
         return want
 
+    def driver_host(self, j, standby=False):
+        """--standby --hosts netns: the host of the leader (or of its standby), else None."""
+        hosts = self.hosts.driver_hosts
+        return hosts[(j.leader_host + (1 if standby else 0)) % len(hosts)] if hosts else None
+
     def job_args(self, j, spares, standby=False):
         store = []
         if self.etcd:
-            store = ["--state-store", f"etcd://127.0.0.1:{self.etcd[0][1]}/soak/"
-                     f"{j.folder.name}", "--lease-ttl", str(LEASE_TTL)]
-        return ([self.elastic_run] + (["--standby"] if standby else []) + store +
+            store = ["--state-store", f"etcd://{self.hosts.store_address}:{self.etcd[0][1]}/"
+                     f"soak/{j.folder.name}", "--lease-ttl", str(LEASE_TTL)]
+        where = self.driver_host(j, standby)
+        return (self.hosts.driver_command(where) + [self.elastic_run] +
+                (["--standby"] if standby else []) + store +
                 ["--min-np", str(self.work.min_np), "--max-np",
                  str(self.work.max_np), "--spares", str(spares),
                  "--host-discovery-script", str(j.disc.script), "--discovery-interval", "0.5",
@@ -401,7 +413,7 @@ class Soak:
                 + ["--state-dir", str(j.folder / "state")]
                 + (["--checkpoint-dir", str(j.folder / "ckpt"), "--checkpoint-interval",
                     str(j.interval)] if self.args.checkpoints else [])
-                + self.hosts.launcher_args() + self.work.command(j.folder))
+                + self.hosts.launcher_args(where) + self.work.command(j.folder))
 
     def run_job(self, seed, want, folder):
         j = JobRun(self, seed, folder)
@@ -476,7 +488,7 @@ class Soak:
                     continue  # one host at least is never impaired
                 if destructive and lasting and not self.args.overlap:
                     continue
-                if action in ("driver-kill", "driver-pause"):
+                if action in ("driver-kill", "driver-pause", "driver-host-kill"):
                     if j.standby:
                         job = self.take_over(j, job, env, spares, action)
                     else:
@@ -594,8 +606,12 @@ class Soak:
         formed = j.ev.last("round_formed")
         pids = {e["slot"]: e["pid"] for e in j.ev.all if e["event"] == "worker_started"}
         fault = j.record(action, [])
-        os.kill(job.proc.pid, signal.SIGSTOP if action == "driver-pause" else signal.SIGKILL)
+        if action == "driver-host-kill":
+            self.hosts.kill_host(self.driver_host(j))  # every process of the leader's host
+        else:
+            os.kill(job.proc.pid, signal.SIGSTOP if action == "driver-pause" else signal.SIGKILL)
         leader, job = job, j.standby
+        j.leader_host += 1  # the standby's host; the next standby goes on the other one
         resumed = wait_event(j.ev, "driver_resumed", job.proc, LEASE_TTL + RENDEZVOUS + 30)
         if action == "driver-pause":
             os.kill(leader.proc.pid, signal.SIGCONT)
@@ -989,7 +1005,8 @@ class Soak:
             # Several in effect: the longest of their bounds.
             kinds = {"crash"}
             for name, which in (("restart", RESTARTS),
-                                ("driver", {"driver-kill", "driver-pause"}),
+                                ("driver", {"driver-kill", "driver-pause",
+                                            "driver-host-kill"}),
                                 ("network", NETWORK), ("silent", SILENT)):
                 if in_effect(which):
                     kinds.add(name)
@@ -1001,7 +1018,8 @@ class Soak:
             # comes on top (overlap soak, seed 660049395, job 0: stop, kill, driver killed
             # 2.6 s later, 40.05 s in all).
             kills = [g.at for g in faults
-                     if g.kind in ("driver-kill", "driver-pause") and a <= g.at <= b]
+                     if g.kind in ("driver-kill", "driver-pause", "driver-host-kill")
+                     and a <= g.at <= b]
             if "driver-silent" in kinds and kills:
                 bound = max(bound, STALL["driver-silent"] + (kills[0] - a))
             gap = b - a
@@ -1111,6 +1129,7 @@ class Soak:
         mode = (f"--workload {self.args.workload} --hosts {self.args.hosts}"
                 + (" --overlap" if self.args.overlap else "")
                 + (" --checkpoints" if self.args.checkpoints else "")
+                + (" --standby" if self.args.standby else "")
                 + "".join(f" --weight {k}={n}" for k, n in self.args.weight))
         print(f"soak: seed {seed} (replay: scripts/soak.sh {mode} --seed {seed} --minutes "
               f"{self.args.minutes:g}); {self.args.epochs} epochs a job", flush=True)
@@ -1128,6 +1147,10 @@ class Soak:
             shutil.rmtree(getattr(self, "baseline_dir", "/nonexistent"), ignore_errors=True)
 
     def soak(self, seed):
+        if self.args.standby:
+            self.etcd = start_etcd(pathlib.Path(tempfile.mkdtemp(prefix="elastic-soak-etcd-")),
+                                   host=self.hosts.store_address)
+            atexit.register(stop_etcd, self.etcd)
         want = self.baseline()
         print(f"soak: fault-free model {want}", flush=True)
         deadline = time.monotonic() + self.args.minutes * 60
