@@ -65,9 +65,13 @@ std::string StartWatcher(int grace_seconds, const std::string& group = "\"$g\"",
 }
 
 // Ends the watcher that $D/watcher names, if it still is one of this worker's (its command
-// line names the folder: a pid that was reused is left alone).
+// line names the folder: a pid that was reused is left alone). The worker is marked adoptable
+// first, as that watcher would have marked it (it may still be looking for the ride-out
+// file): the launch script, if it outlived its driver, then leaves the folder, and the
+// status recorded there, to this attach script.
 std::string EndOldWatcher() {
-  return "o=$(cat \"$D/watcher\" 2>/dev/null); case \"$o\" in ''|*[!0-9]*) ;; *) "
+  return ": >\"$D/adoptable\"; o=$(cat \"$D/watcher\" 2>/dev/null); "
+         "case \"$o\" in ''|*[!0-9]*) ;; *) "
          "tr '\\0' '\\n' </proc/$o/cmdline 2>/dev/null | grep -qxF \"$D\" && "
          "kill -KILL $o 2>/dev/null;; esac\n";
 }

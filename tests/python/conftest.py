@@ -20,6 +20,24 @@ def elastic_run(build_dir):
 
 
 @pytest.fixture(scope="session")
+def example(build_dir):
+    """The C++ example (logistic regression; examples/logistic_regression.cc)."""
+    return str(build_dir / "examples" / "logistic_regression")
+
+
+@pytest.fixture(scope="module")
+def fault_free_hash(elastic_run, example, request):
+    """The model hash of the example trained by 2 workers with no fault, for the module's
+    EPOCHS: what a job under faults must end with."""
+    import ledger
+    from helpers import run
+    epochs = request.module.EPOCHS
+    rc, out = run([elastic_run, "-np", "2", example, "--epochs", str(epochs)])
+    assert rc == 0, out
+    return ledger.final_hash(out)
+
+
+@pytest.fixture(scope="session")
 def test_worker(build_dir):
     return str(build_dir / "tests" / "driver" / "test_worker")
 

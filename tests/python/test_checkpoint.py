@@ -25,11 +25,6 @@ ARGS = ["--epochs", str(EPOCHS), "--step-ms", "4", "--commit-every", "4"]
 
 
 @pytest.fixture(scope="module")
-def example(build_dir):
-    return str(build_dir / "examples" / "logistic_regression")
-
-
-@pytest.fixture(scope="module")
 def want(elastic_run, example):
     rc, out = run([elastic_run, "-np", "2", example] + ARGS)
     assert rc == 0, out

@@ -21,18 +21,6 @@ EPOCHS = 12
 SAMPLES = 4096
 
 
-@pytest.fixture(scope="module")
-def example(build_dir):
-    return str(build_dir / "examples" / "logistic_regression")
-
-
-@pytest.fixture(scope="module")
-def fault_free_hash(elastic_run, example):
-    rc, out = run([elastic_run, "-np", "2", example, "--epochs", str(EPOCHS)])
-    assert rc == 0, out
-    return ledger.final_hash(out)
-
-
 def end(marker, *jobs):
     """Every process of the test gone: its drivers, and the workers of a killed one (which
     would otherwise wait --driver-timeout for a driver)."""

@@ -32,18 +32,6 @@ def etcd(tmp_path_factory):
     stop_etcd(members)
 
 
-@pytest.fixture(scope="module")
-def example(build_dir):
-    return str(build_dir / "examples" / "logistic_regression")
-
-
-@pytest.fixture(scope="module")
-def fault_free_hash(elastic_run, example):
-    rc, out = run([elastic_run, "-np", "2", example, "--epochs", str(EPOCHS)])
-    assert rc == 0, out
-    return ledger.final_hash(out)
-
-
 def workers(marker):
     """The worker processes of the test (found in /proc: the marker and a slot)."""
     return sorted(p for p in procs_with_marker(marker) if slot_of(p))
@@ -84,6 +72,18 @@ def command(elastic_run, example, etcd, prefix, state, book, standby=False, epoc
              example, "--epochs", str(epochs), "--step-ms", "10", "--ledger", book])
 
 
+def leader_then_standby(elastic_run, example, etcd, prefix, state, book, marker,
+                        standby_extra=()):
+    """A leader trained past epoch 1, then a standby that waits for it; (leader, standby).
+    The caller's end(marker) stops both, whatever happened."""
+    leader = Job(command(elastic_run, example, etcd, prefix, state, book), env=env_of(marker))
+    leader.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
+    standby = Job(command(elastic_run, example, etcd, prefix, state, book, standby=True,
+                          extra=standby_extra), env=env_of(marker))
+    standby.wait_for(r"standby: the driver at .* leads the job", timeout=30)
+    return leader, standby
+
+
 def end(marker, *jobs):
     for job in jobs:
         if job:
@@ -110,13 +110,10 @@ def test_a_standby_adopts_the_workers_of_a_killed_leader_and_the_job_ends_fault_
     state, book = tmp_path / "state", str(tmp_path / "ledger")
     leader = standby = None
     try:
-        leader = Job(command(elastic_run, example, etcd, prefix, state, book), env=env_of(marker))
-        leader.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
-        # Its own options may differ from the leader's: here, an event log.
-        standby = Job(command(elastic_run, example, etcd, prefix, state, book, standby=True,
-                              extra=["--event-log", str(tmp_path / "standby.jsonl")]),
-                      env=env_of(marker))
-        standby.wait_for(r"standby: the driver at .* leads the job", timeout=30)
+        # The standby's options may differ from the leader's: here, an event log.
+        leader, standby = leader_then_standby(
+            elastic_run, example, etcd, prefix, state, book, marker,
+            standby_extra=["--event-log", str(tmp_path / "standby.jsonl")])
         pids = wait_workers(marker, 2)
         os.kill(leader.proc.pid, signal.SIGKILL)
         leader.proc.wait(10)
@@ -150,11 +147,8 @@ def test_a_paused_leader_is_fenced_off_and_ends_without_touching_the_workers(
     state, book = tmp_path / "state", str(tmp_path / "ledger")
     leader = standby = None
     try:
-        leader = Job(command(elastic_run, example, etcd, prefix, state, book), env=env_of(marker))
-        leader.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
-        standby = Job(command(elastic_run, example, etcd, prefix, state, book, standby=True),
-                      env=env_of(marker))
-        standby.wait_for(r"standby: the driver at .* leads the job", timeout=30)
+        leader, standby = leader_then_standby(elastic_run, example, etcd, prefix, state, book,
+                                              marker)
         pids = wait_workers(marker, 2)
         os.kill(leader.proc.pid, signal.SIGSTOP)
         standby.wait_for(r"this driver leads the job now", timeout=TTL + 30)
@@ -279,12 +273,8 @@ def test_etcd_gone_past_the_ttl_the_leader_steps_down_the_workers_train_on_and_a
     state, book = tmp_path / "state", str(tmp_path / "ledger")
     leader = standby = None
     try:
-        leader = Job(command(elastic_run, example, port, prefix, state, book),
-                     env=env_of(marker))
-        leader.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
-        standby = Job(command(elastic_run, example, port, prefix, state, book, standby=True),
-                      env=env_of(marker))
-        standby.wait_for(r"standby: the driver at .* leads the job", timeout=30)
+        leader, standby = leader_then_standby(elastic_run, example, port, prefix, state, book,
+                                              marker)
         pids = wait_workers(marker, 2)
         os.kill(members[0][0].pid, signal.SIGSTOP)  # etcd answers nobody
         assert leader.wait(timeout=TTL + 30) == 3, leader.text()

@@ -22,18 +22,6 @@ EPOCHS = 14
 SAMPLES = 4096
 
 
-@pytest.fixture(scope="module")
-def example(build_dir):
-    return str(build_dir / "examples" / "logistic_regression")
-
-
-@pytest.fixture(scope="module")
-def fault_free_hash(elastic_run, example):
-    rc, out = run([elastic_run, "-np", "2", example, "--epochs", str(EPOCHS)])
-    assert rc == 0, out
-    return ledger.final_hash(out)
-
-
 def pid_of(log, slot):
     e = wait_event(log, lambda e: e["event"] == "worker_started" and e["slot"] == slot)
     return e["pid"]
