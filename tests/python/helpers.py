@@ -183,3 +183,18 @@ def job_token_of(pid):
     token = env[b"ELASTIC_JOB_TOKEN"]
     assert len(token) >= 32, token
     return token
+
+
+def end_jobs(marker, *jobs):
+    """Every process of a test gone: its drivers (Jobs, None ones skipped), and every process
+    with its marker in the environment (the workers of a killed driver, which would otherwise
+    wait --driver-timeout for one); asserts that none is left 15 s later."""
+    for job in jobs:
+        if job:
+            job.kill()
+    for pid in procs_with_marker(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not wait_no_marker(marker, timeout=15)

@@ -12,27 +12,13 @@ import time
 
 import pytest
 
-from helpers import Job, procs_with_marker, run, wait_no_marker
+from helpers import Job, end_jobs as end, run, wait_no_marker
 import ledger
 from test_driver_outage import kill_driver, marked_env, wait_workers, workers
 from test_elastic import check_event_schema
 
 EPOCHS = 12
 SAMPLES = 4096
-
-
-def end(marker, *jobs):
-    """Every process of the test gone: its drivers, and the workers of a killed one (which
-    would otherwise wait --driver-timeout for a driver)."""
-    for job in jobs:
-        if job:
-            job.kill()
-    for pid in procs_with_marker(marker):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    assert not wait_no_marker(marker, timeout=15)
 
 
 def outage(marker, args, n, slot=None, sig=None):

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from etcd_server import etcd_get, free_port, start_etcd, stop_etcd
-from helpers import Job, procs_with_marker, run, wait_no_marker
+from helpers import Job, end_jobs as end, procs_with_marker, run
 import ledger
 from netns_hosts import SUBNET, address, kill_namespace, namespace_hosts, namespace_processes, \
     sh, sshd_on
@@ -82,18 +82,6 @@ def leader_then_standby(elastic_run, example, etcd, prefix, state, book, marker,
                           extra=standby_extra), env=env_of(marker))
     standby.wait_for(r"standby: the driver at .* leads the job", timeout=30)
     return leader, standby
-
-
-def end(marker, *jobs):
-    for job in jobs:
-        if job:
-            job.kill()
-    for pid in procs_with_marker(marker):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    assert not wait_no_marker(marker, timeout=15)
 
 
 def check_fault_free(book, text, fault_free_hash):

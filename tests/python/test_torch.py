@@ -102,7 +102,7 @@ def test_a_restarted_driver_adopts_a_pytorch_job_and_it_ends_as_a_fault_free_one
     back"): the PyTorch workers train on without it, the same command started again adopts
     them, and the round goes on: the same processes, no rollback, every sample once, the
     fault-free weights."""
-    from test_driver_adoption import end
+    from helpers import end_jobs as end
     from test_driver_outage import kill_driver, wait_workers, workers
     marker = f"torch-adopt-{os.getpid()}"
     log, book = tmp_path / "events.jsonl", str(tmp_path / "ledger")
