@@ -300,6 +300,10 @@ void BecomeReaper() {
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
   signal(SIGPIPE, SIG_DFL);
+  // A driver started under nohup (SIGHUP ignored) must not pass that on: a program stopped
+  // when its driver dies is ended by the kernel's SIGHUP to its orphaned group (KeepChild). It
+  // is in a group of its own, so a terminal's hangup never reaches it anyway.
+  signal(SIGHUP, SIG_DFL);
   dup2(p.out[1], 1);
   dup2(p.err[1], 2);
   if (p.in[0] >= 0) {

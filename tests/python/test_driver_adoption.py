@@ -206,8 +206,9 @@ def proc_state(pid):
         return None
 
 
+@pytest.mark.parametrize("under", [[], ["nohup"]])
 def test_a_worker_stopped_when_the_driver_dies_is_ended_with_it_and_the_job_goes_on(
-        elastic_run, example, fault_free_hash, tmp_path):
+        elastic_run, example, fault_free_hash, tmp_path, under):
     """A member stopped (SIGSTOP) while the driver runs, the driver SIGKILLed before it noticed:
     the member's process group is orphaned by the driver's death, so the kernel sends the
     stopped member SIGHUP (and SIGCONT) at once, as it did before workers had status keepers
@@ -215,12 +216,13 @@ def test_a_worker_stopped_when_the_driver_dies_is_ended_with_it_and_the_job_goes
     while the driver lives). The adopting driver learns that end from the keeper and re-forms
     at once: it does not wait --rendezvous-timeout for a member that would never re-attach.
     The oracle for the end is /proc: the stopped worker is gone before a second driver
-    starts."""
+    starts. Also under nohup: a driver whose SIGHUP is ignored does not pass that on to its
+    workers (a fresh-clone CI run started under nohup failed here without that)."""
     marker = f"adopt-stopped-first-{os.getpid()}"
     state, book, log = tmp_path / "state", str(tmp_path / "ledger"), tmp_path / "events.jsonl"
     args = command(elastic_run, example, state, book, log, np=3,
                    extra=["--rendezvous-timeout", "120"])
-    first = Job(args, env=marked_env(marker))
+    first = Job(under + args, env=marked_env(marker))
     second = None
     try:
         first.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
