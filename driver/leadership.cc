@@ -180,14 +180,21 @@ void Leadership::KeepAlive(std::function<void(const std::string&)> lost) {
     // The lease runs at least until a whole TTL after a renewal was sent: past that without
     // one that got through, this driver may no longer lead.
     auto renewed = TimePoint(std::chrono::nanoseconds(renewed_ns_.load()));
-    Etcd store(options_.store, std::chrono::milliseconds(options_.ttl_seconds * 1000 / 4));
+    // Each endpoint gets an eighth of the TTL; a renewal that failed is tried again after
+    // 100 ms, not a whole period (etcd electing a new leader answers nobody for a moment).
+    Etcd store(options_.store, std::max<Duration>(std::chrono::milliseconds(200),
+                                                  std::chrono::milliseconds(
+                                                      options_.ttl_seconds * 1000 / 8)));
     std::string why;
+    Duration wait = period;
+    bool warned = false;  // about this outage
     while (true) {
       {
         MutexLock g(mu_);
-        cv_.wait_for(g.native(), period, [&]() ELASTIC_REQUIRES(mu_) { return stop_; });
+        cv_.wait_for(g.native(), wait, [&]() ELASTIC_REQUIRES(mu_) { return stop_; });
         if (stop_) return;
       }
+      wait = period;
       auto sent = SteadyClock::now();
       auto left = store.KeepAlive(lease_);
       if (left.ok() && *left <= 0) {
@@ -195,13 +202,19 @@ void Leadership::KeepAlive(std::function<void(const std::string&)> lost) {
       } else if (left.ok()) {
         renewed = sent;
         renewed_ns_.store(Ns(sent));
+        if (warned) spdlog::info("the state store answers again; the lease is renewed");
+        warned = false;
         continue;
       } else if (SteadyClock::now() - renewed >= ttl - period / 2) {
         why = fmt::format("no renewal of its lease got through for {} s ({})",
                           options_.ttl_seconds, left.status().message());
       } else {
-        spdlog::warn("the state store: {}; renewing the leader's lease again",
-                     left.status().message());
+        if (!warned) {
+          spdlog::warn("the state store: {}; trying to renew the leader's lease every 0.1 s",
+                       left.status().message());
+        }
+        warned = true;
+        wait = std::chrono::milliseconds(100);
         continue;
       }
       {

@@ -64,10 +64,10 @@ def env_of(marker):
 
 
 def command(elastic_run, example, etcd, prefix, state, book, standby=False, epochs=EPOCHS,
-            extra=()):
+            extra=(), ttl=TTL):
     endpoints = ",".join(f"127.0.0.1:{p}" for p in (etcd if isinstance(etcd, list) else [etcd]))
     return ([elastic_run] + (["--standby"] if standby else []) + list(extra) +
-            ["--state-store", f"etcd://{endpoints}/{prefix}", "--lease-ttl", str(TTL),
+            ["--state-store", f"etcd://{endpoints}/{prefix}", "--lease-ttl", str(ttl),
              "--state-dir", str(state), "-np", "2", "--min-np", "1", "--driver-timeout", "60",
              example, "--epochs", str(epochs), "--step-ms", "10", "--ledger", book])
 
@@ -227,7 +227,9 @@ def test_a_standby_of_another_program_is_refused_without_taking_the_lead(
 
 def test_one_etcd_member_lost_costs_nothing(elastic_run, example, fault_free_hash, tmp_path):
     """A three-member etcd; the member the driver talks to first is killed mid-job: the driver
-    goes on with the others and still leads, and the job ends as a fault-free one."""
+    goes on with the others and still leads, and the job ends as a fault-free one. The lease
+    (8 s) outlasts the election of a new etcd leader when the killed member led, on a loaded
+    machine too (with 3 s, a CI run lost the lease while the two others elected one)."""
     members = start_etcd(tmp_path / "etcd", members=3)
     ports = [p for _, p in members]
     marker = f"ha-member-{os.getpid()}"
@@ -235,17 +237,17 @@ def test_one_etcd_member_lost_costs_nothing(elastic_run, example, fault_free_has
     state, book = tmp_path / "state", str(tmp_path / "ledger")
     leader = None
     try:
-        leader = Job(command(elastic_run, example, ports, prefix, state, book),
+        leader = Job(command(elastic_run, example, ports, prefix, state, book, ttl=8),
                      env=env_of(marker))
         leader.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
         members[0][0].kill()
         members[0][0].wait()
-        # Past two TTLs: its lease was renewed through the others (else it would step down).
-        leader.wait_for(r"\[0\]<stdout>:epoch 9 done", timeout=120)
-        value, _ = etcd_get(ports[1], f"/{prefix}/leader")
-        assert value.split("\n")[1] == str(leader.proc.pid), value
+        # The rest of the job (about 9 s, past a TTL): its lease was renewed through the
+        # others, else it would have stepped down (exit 3).
         assert leader.wait(timeout=120) == 0, leader.text()
         assert "no longer leads" not in leader.text()
+        done, _ = etcd_get(ports[1], f"/{prefix}/done")
+        assert json.loads(done)["code"] == 0, done
     finally:
         end(marker, leader)
         stop_etcd(members)
