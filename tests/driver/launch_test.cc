@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -85,6 +86,21 @@ pid_t ProgramPid(const Remote& r) {
   return pid;
 }
 
+// Whether the process has a handler for `sig` (/proc/PID/status, SigCgt): a shell's `trap` is
+// in place, an event to wait for instead of a clock (a fixed 200 ms was too little under
+// load: a SIGTERM before the trap ended the script or the program with 143, not the 42 of the
+// program's trap).
+bool Catches(pid_t pid, int sig) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("SigCgt:", 0) == 0) {
+      return (std::strtoull(line.c_str() + 7, nullptr, 16) >> (sig - 1)) & 1;
+    }
+  }
+  return false;
+}
+
 TEST_CASE("The remote script passes the exit status and the token", "[unit]") {
   Remote r = StartRemote("[ \"$ELASTIC_JOB_TOKEN\" = the-token ] && [ \"$ELASTIC_SLOT\" = h:0 ] "
                          "&& exit 3; exit 1");
@@ -129,7 +145,9 @@ TEST_CASE("SIGKILL of the launcher's group still ends the program (once stdin cl
 TEST_CASE("SIGTERM to the launcher's group reaches the program", "[unit]") {
   Remote r = StartRemote("trap 'exit 42' TERM; while :; do sleep 0.1; done");
   pid_t pid = ProgramPid(r);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // Both traps in place: the launcher script's (it passes SIGTERM on) and the program's.
+  REQUIRE(WaitFor([&] { return Catches(r.proc->pid(), SIGTERM) && Catches(pid, SIGTERM); },
+                  std::chrono::seconds(30)));
   r.proc->SignalGroup(SIGTERM);
   CHECK(WaitExit(*r.proc, std::chrono::seconds(30)) == 42);
   CHECK_FALSE(Alive(pid));
@@ -333,7 +351,9 @@ TEST_CASE("SIGTERM to the launcher's group leaves no output folder once the work
   std::string err;
   RemoteWorker w = Header(r, &err);
   pid_t pid = ProgramPid(r);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // Both traps in place: the launcher script's (it passes SIGTERM on) and the program's.
+  REQUIRE(WaitFor([&] { return Catches(r.proc->pid(), SIGTERM) && Catches(pid, SIGTERM); },
+                  std::chrono::seconds(30)));
   r.proc->SignalGroup(SIGTERM);
   CHECK(WaitExit(*r.proc, std::chrono::seconds(30)) == 42);  // reaping closes stdin
   CHECK(WaitFor([&] { return !Alive(pid); }, std::chrono::seconds(30)));
