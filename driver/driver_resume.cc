@@ -259,7 +259,8 @@ void Driver::Adopt() {
   spdlog::warn(
       "resuming the job in {} (its driver died {:.1f} s ago; this is restart {}): adopted {} "
       "running worker(s) [{}]{}; round {} goes on once they re-attach",
-      leadership_ ? opts_.state_store : opts_.state_dir, outage_seconds_, restarts_, adopted_.size(), fmt::join(adopted_, " "),
+      leadership_ ? opts_.state_store : opts_.state_dir, outage_seconds_, restarts_,
+      adopted_.size(), fmt::join(adopted_, " "),
       lost_at_resume_.empty()
           ? ""
           : fmt::format(", {} ended while no driver ran [{}]", lost_at_resume_.size(),
@@ -355,21 +356,15 @@ void Driver::MaybeWriteJournal() {
     }
     j.workers[slot] = jw;
   }
-  Status wrote;
-  if (leadership_) {
-    // Fenced by the lease: a driver that no longer leads never writes (driver/leadership.h).
-    wrote = leadership_->WriteJournal(SerializeJournal(j));
-    if (wrote.code() == Code::kFailedPrecondition) LostLeadership(wrote.message());
-    if (!wrote.ok() && wrote.message() != journal_error_) {
-      spdlog::warn("the state store: {}; a standby would resume an older decision",
-                   wrote.message());
-    }
-  } else {
-    wrote = WriteJournal(opts_.state_dir, j);
-    if (!wrote.ok() && wrote.message() != journal_error_) {
-      spdlog::warn("{}; a driver started again on --state-dir would resume an older decision",
-                   wrote.message());
-    }
+  // With a store, fenced by the lease: a driver that no longer leads never writes
+  // (driver/leadership.h).
+  Status wrote = leadership_ ? leadership_->WriteJournal(SerializeJournal(j))
+                             : WriteJournal(opts_.state_dir, j);
+  if (leadership_ && wrote.code() == Code::kFailedPrecondition) LostLeadership(wrote.message());
+  if (!wrote.ok() && wrote.message() != journal_error_) {
+    spdlog::warn("{}{}; {} would resume an older decision", leadership_ ? "the state store: " : "",
+                 wrote.message(),
+                 leadership_ ? "a standby" : "a driver started again on --state-dir");
   }
   journal_error_ = wrote.ok() ? "" : wrote.message();
 }
