@@ -206,6 +206,25 @@ def proc_state(pid):
         return None
 
 
+def all_threads_stopped(pid):
+    """Every thread of PID is stopped ("T" in /proc/PID/task/TID/stat). The kernel counts a
+    process as stopped (for the orphaned-group SIGHUP among others) only once its whole group
+    stop is complete: its main thread shows "T" as soon as it stopped itself, and a busy
+    machine can take a while to stop the others."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "T":
+                    return False
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended
+    return True
+
+
 @pytest.mark.parametrize("under", [[], ["nohup"]])
 def test_a_worker_stopped_when_the_driver_dies_is_ended_with_it_and_the_job_goes_on(
         elastic_run, example, fault_free_hash, tmp_path, under):
@@ -231,7 +250,7 @@ def test_a_worker_stopped_when_the_driver_dies_is_ended_with_it_and_the_job_goes
         assert len(victim) == 1, victim
         os.kill(victim[0], signal.SIGSTOP)
         deadline = time.monotonic() + 10
-        while proc_state(victim[0]) != "T":
+        while not all_threads_stopped(victim[0]):
             assert time.monotonic() < deadline, "the worker did not stop"
             time.sleep(0.01)
         kill_driver(first)
