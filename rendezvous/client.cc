@@ -51,6 +51,8 @@ Client::Client(ClientOptions options) : options_(std::move(options)) {
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   // Messages are small: no bandwidth-delay probing (a PING with every burst of data).
   if (!options_.bdp_probe) args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  // The driver's certificate names the job's driver, not a host: it may move (a standby).
+  if (!options_.tls.empty()) args.SetSslTargetNameOverride(kTlsServerName);
   args_ = std::make_unique<grpc::ChannelArguments>(args);
   auto first = Connect(options_.address);
   MutexLock g(stub_mu_);
@@ -62,7 +64,15 @@ Client::~Client() = default;
 std::shared_ptr<Client::Stub> Client::Connect(const std::string& address) const {
   auto s = std::make_shared<Stub>();
   s->address = address;
-  s->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), *args_);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options_.tls.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options_.tls.ca;
+    ssl.pem_private_key = options_.tls.key;
+    ssl.pem_cert_chain = options_.tls.cert;
+    credentials = grpc::SslCredentials(ssl);
+  }
+  s->channel = grpc::CreateCustomChannel(address, credentials, *args_);
   s->stub = v1::Rendezvous::NewStub(s->channel);
   return s;
 }

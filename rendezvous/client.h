@@ -16,6 +16,7 @@
 #include "common/mutex.h"
 #include "common/process.h"
 #include "common/status.h"
+#include "common/tls.h"
 #include "rendezvous/types.h"
 
 namespace grpc {
@@ -29,6 +30,9 @@ namespace elastic::rendezvous {
 struct ClientOptions {
   std::string address;  // host:port of the driver
   std::string token;
+  // Mutual TLS with the driver (common/tls.h): the job's CA, and the certificate and key this
+  // client presents. Empty: plain text.
+  TlsIdentity tls;
   std::string worker_id;  // sent in every Join (ELASTIC_WORKER_ID)
   Duration call_timeout = std::chrono::seconds(30);  // Set and Report
   Duration first_backoff = std::chrono::milliseconds(20);

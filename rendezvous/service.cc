@@ -332,9 +332,17 @@ StatusOr<std::unique_ptr<Server>> Server::Start(Core* core, ServerOptions option
   std::unique_ptr<Server> s(new Server());
   s->core_ = core;
   std::string address = options.address;
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (!options.tls.empty()) {
+    grpc::SslServerCredentialsOptions ssl(
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    ssl.pem_root_certs = options.tls.ca;
+    ssl.pem_key_cert_pairs.push_back({options.tls.key, options.tls.cert});
+    credentials = grpc::SslServerCredentials(ssl);
+  }
   s->service_ = std::make_unique<RendezvousService>(core, std::move(options));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(address, credentials, &s->port_);
   builder.RegisterService(s->service_.get());
   const Limits& lim = core->options().limits;
   builder.SetMaxReceiveMessageSize(static_cast<int>(lim.max_value_bytes + (1 << 20)));

@@ -9,6 +9,7 @@
 
 #include "common/process.h"
 #include "common/status.h"
+#include "common/tls.h"
 #include "rendezvous/core.h"
 
 namespace grpc {
@@ -20,6 +21,9 @@ namespace elastic::rendezvous {
 struct ServerOptions {
   std::string address = "0.0.0.0:0";  // host:port; port 0 picks a free one
   std::string token;                  // required on every call; must not be empty
+  // Mutual TLS (common/tls.h): every client must present a certificate the identity's CA
+  // signed. Empty: plain text.
+  TlsIdentity tls;
   // Longest server-side wait of a Join or Get whose call has no deadline.
   Duration max_wait = std::chrono::hours(24);
   // Keepalive pings on every connection: a peer that does not answer one within the timeout

@@ -5,6 +5,7 @@
 #include <future>
 #include <thread>
 
+#include "common/etcd.h"
 #include "proto/elastic.grpc.pb.h"
 #include "rendezvous/rendezvous.h"
 
@@ -36,13 +37,14 @@ class WatchListener : public Listener {
 };
 
 struct Fixture {
-  explicit Fixture(Listener* listener = nullptr) {
+  explicit Fixture(Listener* listener = nullptr, TlsIdentity tls = {}) {
     CoreOptions co;
     co.listener = listener;
     core = std::make_unique<Core>(co);
     ServerOptions so;
     so.address = "127.0.0.1:0";
     so.token = "secret-token";
+    so.tls = std::move(tls);
     auto s = Server::Start(core.get(), so);
     REQUIRE(s.ok());
     server = std::move(s).value();
@@ -340,6 +342,83 @@ TEST_CASE("the BDP probe is off unless the options turn it on (not the environme
   } else {
     unsetenv(name);
   }
+}
+
+}  // namespace
+}  // namespace elastic::rendezvous
+
+namespace elastic::rendezvous {
+namespace {
+
+TEST_CASE("tls: an identity survives its one-line encoding; bad lines are refused", "[unit]") {
+  auto made = MakeJobCredentials(std::chrono::hours(24));
+  REQUIRE(made.ok());
+  const TlsIdentity& id = made->client;
+  CHECK(id.ca == made->server.ca);
+  CHECK(id.cert != made->server.cert);
+  CHECK(id.key.find("PRIVATE KEY") != std::string::npos);
+  std::string line = EncodeTlsIdentity(id);
+  CHECK(line.find('\n') == std::string::npos);
+  auto back = DecodeTlsIdentity(line);
+  REQUIRE(back.ok());
+  CHECK(back->ca == id.ca);
+  CHECK(back->cert == id.cert);
+  CHECK(back->key == id.key);
+  CHECK(DecodeTlsIdentity("").ok());
+  CHECK(DecodeTlsIdentity("").value().empty());
+  CHECK(DecodeTlsIdentity("not base64!").status().code() == Code::kInvalidArgument);
+  CHECK(DecodeTlsIdentity(Base64Encode("a\0b")).status().code() == Code::kInvalidArgument);
+  CHECK(DecodeTlsIdentity(Base64Encode("x\0y\0z")).status().code() == Code::kInvalidArgument);
+  CHECK(DecodeTlsIdentity(std::string(kMaxEncodedIdentity + 1, 'A')).status().code() ==
+        Code::kInvalidArgument);
+}
+
+TEST_CASE("grpc: with the job's TLS, only a client holding its credentials is served",
+          "[integration]") {
+  auto job = MakeJobCredentials(std::chrono::hours(24));
+  auto other = MakeJobCredentials(std::chrono::hours(24));
+  REQUIRE(job.ok());
+  REQUIRE(other.ok());
+  Fixture f(nullptr, job->server);
+  auto client = [&](TlsIdentity tls) {
+    ClientOptions o;
+    o.address = f.address;
+    o.token = "secret-token";
+    o.tls = std::move(tls);
+    o.call_timeout = seconds(1);
+    return std::make_unique<Client>(o);
+  };
+  // The job's own client: a round forms and a key goes through.
+  std::map<std::string, Assignment> m;
+  m["a:0"].size = 1;
+  REQUIRE(f.core->ProposeRound(0, m, {}).ok());
+  auto good = client(job->client);
+  REQUIRE(good->Join("a:0", -1, 0, seconds(10)).ok());
+  REQUIRE(good->Set(0, "k", "v").ok());
+  // Plain text, another job's credentials, the job's CA without a client certificate, and a
+  // client of this job's CA that trusts another CA (the driver cannot prove who it is): all
+  // refused before a call is made.
+  TlsIdentity no_cert{job->client.ca, "", ""};
+  TlsIdentity wrong_ca{other->client.ca, job->client.cert, job->client.key};
+  for (TlsIdentity tls : {TlsIdentity{}, other->client, no_cert, wrong_ca}) {
+    auto bad = client(tls);
+    Status set = bad->Set(0, "k", "stolen");
+    CHECK_FALSE(set.ok());
+    CHECK(set.code() != Code::kFailedPrecondition);  // never reached the core
+    CHECK_FALSE(bad->Get(0, {"k"}, seconds(1)).ok());
+  }
+  auto still = good->Get(0, {"k"}, seconds(5));
+  REQUIRE(still.ok());
+  CHECK(still->at(0) == "v");
+  // A plain-text server is no place for a TLS client either (it would send the token).
+  Fixture plain;
+  ClientOptions o;
+  o.address = plain.address;
+  o.token = "secret-token";
+  o.tls = job->client;
+  o.call_timeout = seconds(2);
+  Client tls_to_plain(o);
+  CHECK_FALSE(tls_to_plain.Set(0, "k", "v").ok());
 }
 
 }  // namespace
