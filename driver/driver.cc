@@ -196,6 +196,32 @@ Status Driver::SetUpOutput() {
   return Status::Ok();
 }
 
+Status Driver::ChooseTls(const std::string& bind) {
+  if (resume_) {  // the workers that still run dial as they were told at their launch
+    tls_ = resume_->tls;
+    bool on = !tls_.server.empty();
+    if ((opts_.tls == "on" && !on) || (opts_.tls == "off" && on)) {
+      spdlog::warn("--tls {} is not what the adopted job runs: its workers speak {}; keeping "
+                   "that (pass --fresh to start the job afresh with --tls {})",
+                   opts_.tls, on ? "TLS" : "plain text", opts_.tls);
+    }
+    return Status::Ok();
+  }
+  bool on = opts_.tls == "on" || (opts_.tls == "auto" && bind.rfind("127.", 0) != 0);
+  if (!on) {
+    if (bind.rfind("127.", 0) != 0) {
+      spdlog::warn("--tls off: the job token and the job's state cross the network in clear");
+    }
+    return Status::Ok();
+  }
+  // Valid for ten years: the CA's key is gone once they are signed, so they can never be
+  // renewed, and a job must not stop for it.
+  auto made = MakeJobCredentials(std::chrono::hours(24 * 3650));
+  if (!made.ok()) return made.status().WithContext("--tls " + opts_.tls);
+  tls_ = *std::move(made);
+  return Status::Ok();
+}
+
 Status Driver::StartServer(bool all_local) {
   std::string host = opts_.driver_address;
   if (host.empty()) {
@@ -219,8 +245,10 @@ Status Driver::StartServer(bool all_local) {
     host = resume_->driver_addr.substr(0, resume_->driver_addr.rfind(':'));
   }
   bind_ = bind;
+  RETURN_IF_ERROR(ChooseTls(bind));
   so.address = bind + ":" + std::to_string(resume_ && !leadership_ ? resume_->port : opts_.port);
   so.token = token_;
+  so.tls = tls_.server;
   so.keepalive_time = so.keepalive_timeout = opts_.liveness_timeout / 3;
   so.status_json = [this] { return monitor_.StatusJson(); };
   auto server = rendezvous::Server::Start(core_.get(), so);
@@ -239,7 +267,9 @@ Status Driver::StartServer(bool all_local) {
   }
   server_ = std::move(server).value();
   driver_addr_ = host + ":" + std::to_string(server_->port());
-  spdlog::info("rendezvous server on {}:{}; workers dial {}", bind, server_->port(), driver_addr_);
+  spdlog::info("rendezvous server on {}:{}; workers dial {} ({})", bind, server_->port(),
+               driver_addr_,
+               tls_.server.empty() ? "plain text" : "mutual TLS with the job's own CA");
   return PublishJob(host);
 }
 
@@ -247,7 +277,7 @@ Status Driver::PublishJob(const std::string& host) {
   // `elastic-run status` finds the job through this file (address and token, mode 0600).
   job_file_ = opts_.job_file.empty() ? DefaultJobDir() + "/" + std::to_string(getpid()) + ".json"
                                      : opts_.job_file;
-  Status wrote = WriteJobFile(job_file_, driver_addr_, token_);
+  Status wrote = WriteJobFile(job_file_, driver_addr_, token_, tls_.client);
   if (!wrote.ok()) {
     job_file_.clear();
     if (!opts_.job_file.empty()) return wrote.WithContext("--job-file");
@@ -256,10 +286,17 @@ Status Driver::PublishJob(const std::string& host) {
     spdlog::debug("job file {} (for `elastic-run status`)", job_file_);
   }
   if (opts_.metrics_port >= 0) {
-    auto metrics = MetricsServer::Start(&monitor_, "0.0.0.0", opts_.metrics_port);
+    const std::string& at = opts_.metrics_address;
+    auto metrics = MetricsServer::Start(&monitor_, at, opts_.metrics_port);
     if (!metrics.ok()) return metrics.status();
     metrics_ = std::move(metrics).value();
-    spdlog::info("metrics on http://{}:{}/metrics", host, metrics_->port());
+    spdlog::info("metrics on http://{}:{}/metrics", at == "0.0.0.0" ? host : at,
+                 metrics_->port());
+    if (at.rfind("127.", 0) != 0) {
+      spdlog::warn("--metrics-address {}: /metrics and /status are plain HTTP without the job "
+                   "token, open to anyone who reaches this address",
+                   at);
+    }
   }
   return Status::Ok();
 }
@@ -304,6 +341,7 @@ void Driver::Launch(Worker& w, bool spare) {
       {"ELASTIC_DRIVER_TIMEOUT",
        fmt::format("{}", std::chrono::duration<double>(opts_.driver_timeout).count())},
       {"PYTHONUNBUFFERED", "1"}};
+  if (!tls_.client.empty()) env["ELASTIC_JOB_TLS"] = EncodeTlsIdentity(tls_.client);
   if (spare) env["ELASTIC_SPARE"] = "1";
   if (!opts_.state_store.empty()) env["ELASTIC_STATE_STORE"] = opts_.state_store;
   if (!opts_.checkpoint_dir.empty()) {
@@ -331,14 +369,17 @@ void Driver::Launch(Worker& w, bool spare) {
           w.slot, driver_addr_);
     }
     char cwd[4096] = {0};
-    // The job token never appears on a command line (`ps` shows those to every user): the
-    // remote script reads it from the launcher's stdin, its first line. The stdin then stays
-    // open for the worker's life: its closing is how the remote side learns that the driver
-    // or the launcher is gone, and ends the worker (driver/launch.h).
-    spec.stdin_data = token_ + "\n";
+    // The job token and TLS credentials never appear on a command line (`ps` shows those to
+    // every user): the remote script reads them from the launcher's stdin, its first two
+    // lines (the second empty without TLS). The stdin then stays open for the worker's life:
+    // its closing is how the remote side learns that the driver or the launcher is gone, and
+    // ends the worker (driver/launch.h).
+    spec.stdin_data = token_ + "\n" + EncodeTlsIdentity(tls_.client) + "\n";
     spec.keep_stdin_open = true;
-    spec.env.erase("ELASTIC_JOB_TOKEN");
-    env.erase("ELASTIC_JOB_TOKEN");
+    for (const char* secret : {"ELASTIC_JOB_TOKEN", "ELASTIC_JOB_TLS"}) {
+      spec.env.erase(secret);
+      env.erase(secret);
+    }
     int grace = static_cast<int>(
         std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::seconds>(opts_.grace).count()));
     std::string remote =

@@ -53,6 +53,10 @@ struct DriverOptions {
   int checkpoint_keep = 2;
 
   int port = 0;
+  // --tls: "on" runs mutual TLS on every control connection with the job's own CA
+  // (common/tls.h), "off" plain text, "auto" (the default) on when the workers dial the driver
+  // beyond loopback. A driver that adopts a job keeps the journal's choice.
+  std::string tls = "auto";
   std::string driver_address;  // host workers dial; default: 127.0.0.1 for local jobs
   std::string network_interface;
   std::string backend = "auto";  // ELASTIC_BACKEND: gloo, nccl or auto
@@ -86,6 +90,9 @@ struct DriverOptions {
   // One progress line this often (0: none).
   Duration progress_interval = std::chrono::seconds(30);
   int metrics_port = -1;  // -1: no metrics endpoint; 0: any free port
+  // Where the metrics endpoint listens (an IPv4 address): this machine alone by default. It
+  // is plain HTTP without the token (docs/security.md).
+  std::string metrics_address = "127.0.0.1";
   std::string job_file;   // where `elastic-run status` finds this job ("": the default place)
   // How long a worker whose agent reached this driver trains on without it (the driver was
   // killed, its host lost): it gets this in ELASTIC_DRIVER_TIMEOUT, and exits by itself once

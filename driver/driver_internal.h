@@ -175,6 +175,8 @@ class Driver : public rendezvous::Listener {
   Status SameJob(const Journal& journal, bool say) const;
   // The journal goes (the file, and the store's while this driver leads).
   void DropJournal();
+  // tls_ for the server about to listen on `bind` (--tls; an adopted job's from its journal).
+  Status ChooseTls(const std::string& bind);
   Status StartServer(bool all_local);
   Status PublishJob(const std::string& host);
   // The event loop: carries out the policy's actions, polls the signals, the posted events,
@@ -252,6 +254,7 @@ class Driver : public rendezvous::Listener {
   OutputMux out_;
   EventLog log_;
   std::string token_, driver_addr_;
+  JobCredentials tls_;  // empty: plain text (--tls)
   std::unique_ptr<rendezvous::Core> core_;
   std::unique_ptr<rendezvous::Server> server_;
   int wake_fd_ = -1, signal_fd_ = -1;

@@ -319,6 +319,7 @@ void Driver::MaybeWriteJournal() {
   j.driver_addr = driver_addr_;
   j.port = server_ ? server_->port() : 0;
   j.token = token_;
+  j.tls = tls_;
   j.restarts = restarts_;
   j.written_at =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();

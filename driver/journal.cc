@@ -114,6 +114,10 @@ std::string SerializeJournal(const Journal& j) {
               {"restarts", j.restarts}, {"written_at", j.written_at},
               {"core", core},           {"policy", json::parse(j.policy)},
               {"workers", workers}};
+  if (!j.tls.server.empty()) {
+    doc["tls"] = {{"server", EncodeTlsIdentity(j.tls.server)},
+                  {"client", EncodeTlsIdentity(j.tls.client)}};
+  }
   return doc.dump();
 }
 
@@ -222,6 +226,19 @@ StatusOr<Journal> ParseJournal(const std::string& text, const std::string& path)
     Get(doc, "port", &j.port, "journal");
     if (j.port <= 0 || j.port > 65535) throw std::runtime_error("journal.port is out of range");
     Get(doc, "token", &j.token, "journal");
+    if (doc.contains("tls")) {  // absent: plain text (and journals from before --tls)
+      for (auto [name, id] : {std::pair<const char*, TlsIdentity*>{"server", &j.tls.server},
+                              {"client", &j.tls.client}}) {
+        std::string line;
+        Get(doc["tls"], name, &line, "journal.tls");
+        auto decoded = DecodeTlsIdentity(line);
+        if (!decoded.ok() || decoded->empty()) {
+          throw std::runtime_error(std::string("journal.tls.") + name + ": " +
+                                   (decoded.ok() ? "empty" : decoded.status().message()));
+        }
+        *id = *decoded;
+      }
+    }
     Get(doc, "restarts", &j.restarts, "journal");
     Get(doc, "written_at", &j.written_at, "journal");
     ParseCore(doc, &j.core);

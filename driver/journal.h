@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/tls.h"
 #include "rendezvous/core.h"
 
 namespace elastic::driver {
@@ -46,6 +47,9 @@ struct Journal {
   std::string bind, driver_addr;  // where the server listened, what the workers dial
   int port = 0;
   std::string token;
+  // The job's TLS credentials (--tls, common/tls.h): a driver that adopts the job presents the
+  // same identity to workers that hold the client's. Empty: the job speaks plain text.
+  JobCredentials tls;
   int64_t restarts = 0;   // drivers before this journal's that adopted the job
   double written_at = 0;  // wall clock, seconds since the epoch
   rendezvous::CoreSnapshot core;

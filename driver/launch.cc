@@ -145,7 +145,10 @@ std::string RemoteScript(const std::string& cwd, const std::map<std::string, std
   s += "cd " + ShellQuote(cwd) + " || exit 1\n";
   s += "IFS= read -r ELASTIC_JOB_TOKEN || { echo 'elastic-run: no job token on stdin' >&2; "
        "exit 1; }\n";
+  s += "IFS= read -r ELASTIC_JOB_TLS || { echo 'elastic-run: no TLS line on stdin' >&2; "
+       "exit 1; }\n";
   s += "export ELASTIC_JOB_TOKEN\n";
+  s += "if [ -n \"$ELASTIC_JOB_TLS\" ]; then export ELASTIC_JOB_TLS; fi\n";
   s += "S=; command -v setsid >/dev/null 2>&1 && S=setsid\n";
   s += "D=; if tail --version 2>/dev/null | grep -q GNU && "
        "tail ---disable-inotify -n 0 /dev/null 2>/dev/null; then "

@@ -203,6 +203,11 @@ void AddStateOptions(CLI::App& app, CommandLine& c) {
                  "Serve Prometheus metrics on this port at /metrics (0: any free port; off by "
                  "default)")
       ->check(CLI::Range(0, 65535));
+  app.add_option("--metrics-address", o.metrics_address,
+                 "IPv4 address the metrics endpoint listens on (default 127.0.0.1: this "
+                 "machine alone; 0.0.0.0: every interface). It is plain HTTP without the job "
+                 "token: see docs/security.md")
+      ->check(CLI::ValidIPV4);
   app.add_option("--job-file", o.job_file,
                  "Where to write the job file `elastic-run status` reads (default: "
                  "$XDG_RUNTIME_DIR/elastic-run/<pid>.json or /tmp/elastic-run-<uid>/<pid>.json)");
@@ -253,6 +258,12 @@ void AddLaunchOptions(CLI::App& app, CommandLine& c) {
       ->check(CLI::Range(0, 65535));
   app.add_option("--driver-address", o.driver_address,
                  "Address workers use to reach this driver (default: 127.0.0.1 for local jobs)");
+  app.add_option("--tls", o.tls,
+                 "Mutual TLS on every connection between the workers and the driver, with a CA "
+                 "made for this job alone (workers get its credentials as they get the job "
+                 "token, never on a command line): on, off, or auto (default: on when the "
+                 "workers dial the driver beyond loopback)")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   app.add_option("--network-interface", o.network_interface,
                  "Interface the workers' collectives bind to (ELASTIC_IFACE)");
   app.add_option("--backend", o.backend,

@@ -279,7 +279,7 @@ std::string DefaultJobDir() {
 }
 
 Status WriteJobFile(const std::string& path, const std::string& address,
-                    const std::string& token) {
+                    const std::string& token, const TlsIdentity& tls) {
   size_t slash = path.rfind('/');
   if (slash != std::string::npos && slash > 0) {
     std::string dir = path.substr(0, slash);
@@ -288,6 +288,7 @@ Status WriteJobFile(const std::string& path, const std::string& address,
     }
   }
   json j = {{"address", address}, {"token", token}, {"pid", getpid()}};
+  if (!tls.empty()) j["tls"] = EncodeTlsIdentity(tls);
   std::string text = j.dump() + "\n";
   Status wrote = WriteFileAtomically(path, text, 0600);
   if (!wrote.ok()) return InvalidArgument("cannot write job file " + path + ": " + wrote.message());
@@ -310,6 +311,12 @@ StatusOr<JobFile> ParseJobFile(const std::string& text) {
   JobFile out;
   ASSIGN_OR_RETURN(out.address, field("address"));
   ASSIGN_OR_RETURN(out.token, field("token"));
+  if (job.contains("tls")) {
+    ASSIGN_OR_RETURN(std::string line, field("tls"));
+    auto tls = DecodeTlsIdentity(line);
+    if (!tls.ok()) return tls.status();
+    out.tls = *tls;
+  }
   return out;
 }
 
@@ -488,6 +495,7 @@ int RunStatusCommand(const std::string& job_file, bool as_json) {
   rendezvous::ClientOptions co;
   co.address = job->address;
   co.token = job->token;
+  co.tls = job->tls;
   rendezvous::Client client(co);
   auto got = client.JobStatus(std::chrono::seconds(5));
   if (!got.ok()) {

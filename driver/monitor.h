@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "common/tls.h"
 #include "driver/event_log.h"
 #include "driver/policy.h"
 
@@ -48,7 +49,9 @@ class Monitor {
 // 0600 in a folder only the user can enter. Default place: $XDG_RUNTIME_DIR/elastic-run/, else
 // /tmp/elastic-run-<uid>/, as <driver pid>.json.
 std::string DefaultJobDir();
-Status WriteJobFile(const std::string& path, const std::string& address, const std::string& token);
+// `tls`: the client identity `elastic-run status` presents (common/tls.h); empty: plain text.
+Status WriteJobFile(const std::string& path, const std::string& address, const std::string& token,
+                    const TlsIdentity& tls = {});
 
 // `elastic-run status [--job-file F] [--json]`: prints the job's status; returns the exit code
 // (0; 1 when no driver answers; 2 for a bad or ambiguous job file).
@@ -57,6 +60,7 @@ int RunStatusCommand(const std::string& job_file, bool json);
 // What a job file says (WriteJobFile): where the driver listens and its token.
 struct JobFile {
   std::string address, token;
+  TlsIdentity tls;
 };
 constexpr size_t kMaxJobFileBytes = 64 << 10;
 // INVALID_ARGUMENT naming what is missing when `text` is not a job file.

@@ -115,6 +115,7 @@ StatusOr<std::unique_ptr<AgentImpl>> AgentImpl::Create(WorkerOptions env, AgentO
   rendezvous::ClientOptions co;
   co.address = agent->env_.driver_addr;
   co.token = agent->env_.token;
+  co.tls = agent->env_.tls;
   co.worker_id = agent->env_.worker_id;
   co.bdp_probe = agent->env_.grpc_bdp_probe;
   agent->client_ = std::make_unique<rendezvous::Client>(co);

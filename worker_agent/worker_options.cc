@@ -5,6 +5,7 @@
 
 #include "common/etcd.h"
 #include "common/process.h"
+#include "common/tls.h"
 
 namespace elastic {
 
@@ -18,6 +19,7 @@ const char* const kWorkerVariables[] = {
     "ELASTIC_GLOO_LAZY_PAIRS", "ELASTIC_GLOO_FULL_MESH", "ELASTIC_SHM_SLOT_BYTES",
     "ELASTIC_NCCL_LIBRARY",    "ELASTIC_CUDART_LIBRARY", "ELASTIC_GRPC_BDP_PROBE",
     "ELASTIC_LOG_LEVEL",       "ELASTIC_TEST_HOOKS",     "ELASTIC_STATE_STORE",
+    "ELASTIC_JOB_TLS",
 };
 const size_t kWorkerVariableCount = sizeof kWorkerVariables / sizeof kWorkerVariables[0];
 
@@ -102,6 +104,11 @@ StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   o.iface = Reader::Text("ELASTIC_IFACE");
   o.worker_id = Reader::Text("ELASTIC_WORKER_ID");
   o.ride_out_file = Reader::Text("ELASTIC_RIDE_OUT_FILE");
+  if (std::string tls = Reader::Text("ELASTIC_JOB_TLS"); !tls.empty()) {
+    auto id = DecodeTlsIdentity(tls);
+    if (!id.ok()) return id.status().WithContext("ELASTIC_JOB_TLS");
+    o.tls = *id;
+  }
   if (std::string store = Reader::Text("ELASTIC_STATE_STORE"); !store.empty()) {
     auto url = ParseEtcdUrl(store);
     if (!url.ok()) return url.status().WithContext("ELASTIC_STATE_STORE");

@@ -12,6 +12,7 @@
 
 #include "common/common.h"
 #include "common/etcd.h"
+#include "common/tls.h"
 
 namespace elastic {
 
@@ -26,6 +27,9 @@ struct WorkerOptions {
   // Given by elastic-run to every worker.
   std::string driver_addr;  // ELASTIC_DRIVER_ADDR, host:port (required)
   std::string token;        // ELASTIC_JOB_TOKEN (required)
+  // ELASTIC_JOB_TLS (elastic-run --tls): the job's CA and the workers' certificate and key
+  // (common/tls.h, one line); empty: the driver speaks plain text.
+  TlsIdentity tls;
   std::string slot;         // ELASTIC_SLOT, host:local_index (required)
   std::string hostname;     // ELASTIC_HOSTNAME (default: the slot's host)
   std::string iface;        // ELASTIC_IFACE (may be empty)

@@ -114,6 +114,18 @@ TEST_CASE("journal: every field survives a write and a read", "[journal]") {
          w.stdout_file == "/s/out" && w.stderr_file == "/s/err" && w.stdout_offset == 10 &&
          w.stderr_offset == -1 && w.remote_dir == "/tmp/elastic-run.abc" &&
          w.remote_group == -4242));
+  CHECK(back->tls.server.empty());  // plain text: no "tls" in it
+  // With --tls, the job's identities, so that a driver that adopts the job presents the one
+  // its workers trust.
+  auto tls = MakeJobCredentials(std::chrono::hours(1));
+  REQUIRE(tls.ok());
+  j.tls = *tls;
+  REQUIRE(WriteJournal(dir, j).ok());
+  back = ReadJournal(dir);
+  REQUIRE(back.ok());
+  CHECK((back->tls.server.ca == tls->server.ca && back->tls.server.cert == tls->server.cert &&
+         back->tls.server.key == tls->server.key && back->tls.client.cert == tls->client.cert &&
+         back->tls.client.key == tls->client.key));
   RemoveJournal(dir);
   CHECK(ReadJournal(dir).status().code() == Code::kNotFound);
   close(*lock);
@@ -145,6 +157,11 @@ TEST_CASE("journal: a damaged journal is refused naming what is wrong", "[journa
   CHECK_THAT(s.message(), Catch::Contains("journal.workers.b:0.remote_dir is out of range"));
   s = with("\"token\":", "\"tokn\":");
   CHECK_THAT(s.message(), Catch::Contains("journal.token is missing"));
+  std::string saved = text;
+  text.insert(text.size() - 1, ",\"tls\":{\"server\":\"bm90IFBFTQ==\",\"client\":\"\"}");
+  s = with("\"restarts\":", "\"restarts\":");
+  CHECK_THAT(s.message(), Catch::Contains("journal.tls.server: the TLS credentials hold 1"));
+  text = saved;
   s = with("\"format\":1,", "\"format\":9,");
   CHECK_THAT(s.message(), Catch::Contains("journal.format is 9"));
   std::ofstream(JournalPath(dir), std::ios::trunc) << text.substr(0, text.size() / 2);

@@ -54,7 +54,7 @@ struct Remote {
 };
 
 // Starts RemoteScript around `program` (a /bin/sh snippet) the way the driver starts a
-// launcher: the token on a kept stdin.
+// launcher: the token and a TLS line on a kept stdin.
 Remote StartRemote(const std::string& program, int grace = 2) {
   char tmpl[] = "/tmp/launch_test.XXXXXX";
   int fd = mkstemp(tmpl);
@@ -67,7 +67,7 @@ Remote StartRemote(const std::string& program, int grace = 2) {
                                     {"/bin/sh", "-c", body}, grace);
   LaunchSpec spec;
   spec.argv = {"/bin/sh", "-c", script};
-  spec.stdin_data = "the-token\n";
+  spec.stdin_data = "the-token\nthe-tls\n";
   spec.keep_stdin_open = true;
   auto p = Process::Start(spec);
   REQUIRE(p.ok());
@@ -101,9 +101,9 @@ bool Catches(pid_t pid, int sig) {
   return false;
 }
 
-TEST_CASE("The remote script passes the exit status and the token", "[unit]") {
+TEST_CASE("The remote script passes the exit status, the token and the TLS line", "[unit]") {
   Remote r = StartRemote("[ \"$ELASTIC_JOB_TOKEN\" = the-token ] && [ \"$ELASTIC_SLOT\" = h:0 ] "
-                         "&& exit 3; exit 1");
+                         "&& [ \"$ELASTIC_JOB_TLS\" = the-tls ] && exit 3; exit 1");
   CHECK(WaitExit(*r.proc, std::chrono::seconds(30)) == 3);
   unlink(r.pid_file.c_str());
 }
