@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building, testing, the examples and the benchmarks need:
 #  1. Debian's packages for the C++ side (gRPC, Protobuf, Gloo, spdlog, ...) and the test hosts
-#     (sshd, Slurm, nftables, etcd for the standby driver's tests), through apt;
+#     (sshd, Slurm, nftables, etcd for the standby driver's tests, tcpdump for the TLS test's
+#     capture), through apt;
 #  2. one Python virtual environment, .venv/ in the checkout (ELASTIC_VENV=DIR to put it
 #     elsewhere), with the pinned versions of requirements.txt (torch 2.x from PyPI and its
 #     NCCL and CUDA runtime wheels, numpy, scikit-learn, pytest, scikit-build-core, pybind11).
@@ -20,7 +21,7 @@ PACKAGES=(
   python3 python3-venv
   iproute2 procps openssh-server openssh-client gdb elfutils
   libcpp-httplib-dev slurm-wlm munge nftables clang libfuzzer-14-dev libclang-rt-14-dev
-  etcd-server
+  etcd-server libssl-dev tcpdump
 )
 
 missing=()

@@ -176,11 +176,12 @@ def token_on_a_command_line(token):
     return out
 
 
-def job_token_of(pid):
-    """The job token in a worker's environment (read from /proc, as any local root could)."""
+def job_token_of(pid, name=b"ELASTIC_JOB_TOKEN"):
+    """The job token in a worker's environment (read from /proc, as any local root could);
+    with `name`, another of its secrets (ELASTIC_JOB_TLS)."""
     with open(f"/proc/{pid}/environ", "rb") as f:
         env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-    token = env[b"ELASTIC_JOB_TOKEN"]
+    token = env[name]
     assert len(token) >= 32, token
     return token
 

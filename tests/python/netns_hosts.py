@@ -10,7 +10,9 @@ import uuid
 
 import pytest
 
-SUBNET = "10.213.77"
+# ELASTIC_TEST_SUBNET (e.g. 10.213.78) lets a second test session run beside one that uses the
+# default: the addresses of the two then never meet.
+SUBNET = os.environ.get("ELASTIC_TEST_SUBNET", "10.213.77")
 
 
 def sh(*args):

@@ -141,7 +141,8 @@ def test_an_ssh_host_that_fails_leaves_an_elastic_job_on_the_others(
 def test_the_token_is_on_no_command_line_with_ssh_a_spare_and_a_relaunch(
         elastic_run, test_worker, sshd_hosts):
     # The ssh launcher passes the token on stdin to the remote script; so does every later
-    # launch: a warm spare, and a slot started again after its worker was killed.
+    # launch: a warm spare, and a slot started again after its worker was killed. So too the
+    # workers' TLS credentials (the driver listens beyond loopback: --tls auto is on).
     addrs, key = sshd_hosts
     job = Job([elastic_run, "-np", "2", "--min-np", "2", "--spares", "1", "-H",
                ",".join(f"{a}:2" for a in addrs), "--driver-address", f"{SUBNET}.1",
@@ -149,10 +150,13 @@ def test_the_token_is_on_no_command_line_with_ssh_a_spare_and_a_relaunch(
     try:
         pids = [int(m.group(1)) for m in job.wait_for(r"sleeping pid (\d+)", count=3)]
         token = job_token_of(pids[0])
+        tls = job_token_of(pids[0], b"ELASTIC_JOB_TLS")
         assert token_on_a_command_line(token) == []
+        assert token_on_a_command_line(tls) == []
         os.kill(pids[1], signal.SIGKILL)  # its slot is started again
         job.wait_for(r"sleeping pid (\d+)", count=4)
         assert token_on_a_command_line(token) == []
+        assert token_on_a_command_line(tls) == []
     finally:
         job.kill()
 
