@@ -4,6 +4,12 @@
 
 #include <httplib.h>
 
+// Debian's libcpp-httplib is built with these, and its classes' layout depends on them: compiled
+// without, an httplib::Client is 8 bytes where the library writes 16 (common/CMakeLists.txt).
+#if !defined(CPPHTTPLIB_OPENSSL_SUPPORT) || !defined(CPPHTTPLIB_ZLIB_SUPPORT)
+#error "compile with cpp-httplib's pkg-config Cflags (-DCPPHTTPLIB_OPENSSL_SUPPORT ...)"
+#endif
+
 #include <nlohmann/json.hpp>
 
 namespace elastic {
