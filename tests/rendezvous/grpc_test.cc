@@ -350,7 +350,7 @@ TEST_CASE("the BDP probe is off unless the options turn it on (not the environme
 namespace elastic::rendezvous {
 namespace {
 
-TEST_CASE("tls: an identity survives its one-line encoding; bad lines are refused", "[unit]") {
+TEST_CASE("tls: an identity survives its one-line encoding, and bad lines are refused", "[unit]") {
   auto made = MakeJobCredentials(std::chrono::hours(24));
   REQUIRE(made.ok());
   const TlsIdentity& id = made->client;
