@@ -11,6 +11,9 @@
 #endif
 
 #include <nlohmann/json.hpp>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
 namespace elastic {
 
@@ -29,25 +32,43 @@ int64_t Int(const json& j, const char* field) {
   return 0;
 }
 
+// What a transport error of an etcd call likely means, for the user.
+std::string Hint(httplib::Error e, bool secure) {
+  switch (e) {
+    case httplib::Error::SSLServerVerification:
+      return " (etcd's certificate is not signed by the CA of --state-store-ca, or the "
+             "system's CAs, or does not name this address)";
+    case httplib::Error::SSLConnection:
+      return " (the TLS handshake failed: is etcd serving HTTPS, and does it ask for a "
+             "client certificate? --state-store-cert, --state-store-key)";
+    case httplib::Error::Read:
+      return secure ? " (etcd closed the connection: does it ask for a client certificate? "
+                      "--state-store-cert, --state-store-key)"
+                    : " (etcd closed the connection: does it serve HTTPS? give etcds://)";
+    default:
+      return "";
+  }
+}
+
 }  // namespace
 
 StatusOr<EtcdUrl> ParseEtcdUrl(const std::string& url) {
   auto bad = [&](const std::string& why) {
     return InvalidArgument("--state-store " + url.substr(0, 200) + ": " + why +
                            " (give etcd://HOST:PORT[,HOST:PORT...]/PREFIX, e.g. "
-                           "etcd://127.0.0.1:2379/elastic-run/myjob)");
+                           "etcd://127.0.0.1:2379/elastic-run/myjob, or etcds://... for "
+                           "etcd over TLS)");
   };
   if (url.size() > kMaxUrl) return bad("longer than 4096 characters");
-  const std::string scheme = "etcd://";
-  if (url.rfind(scheme, 0) != 0) {
-    if (url.rfind("etcds://", 0) == 0) return bad("etcd over TLS (etcds://) is not supported yet");
-    return bad("not an etcd:// URL");
-  }
+  const bool secure = url.rfind("etcds://", 0) == 0;
+  const std::string scheme = secure ? "etcds://" : "etcd://";
+  if (url.rfind(scheme, 0) != 0) return bad("not an etcd:// or etcds:// URL");
   std::string rest = url.substr(scheme.size());
   size_t slash = rest.find('/');
   if (slash == std::string::npos) return bad("no /PREFIX after the endpoints");
   EtcdUrl out;
   out.text = url;
+  out.secure = secure;
   out.prefix = rest.substr(slash);
   while (out.prefix.size() > 1 && out.prefix.back() == '/') out.prefix.pop_back();
   if (out.prefix == "/") return bad("the prefix is empty");
@@ -133,7 +154,66 @@ StatusOr<std::string> Base64Decode(const std::string& in) {
   return out;
 }
 
-Etcd::Etcd(EtcdUrl url, Duration call_timeout) : url_(std::move(url)), timeout_(call_timeout) {}
+struct Etcd::Tls {
+  X509_STORE* ca = nullptr;  // null: the system's CAs
+  X509* cert = nullptr;
+  EVP_PKEY* key = nullptr;
+  std::string error;  // why the PEM text could not be used; every call fails with it
+  ~Tls() {
+    X509_STORE_free(ca);
+    X509_free(cert);
+    EVP_PKEY_free(key);
+  }
+};
+
+namespace {
+
+// Every certificate of `pem` into a new store; null when there is none.
+X509_STORE* StoreOf(const std::string& pem) {
+  BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
+  if (!bio) return nullptr;
+  X509_STORE* store = X509_STORE_new();
+  int added = 0;
+  while (X509* cert = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr)) {
+    added += X509_STORE_add_cert(store, cert) == 1;
+    X509_free(cert);
+  }
+  ERR_clear_error();  // the end of the text reads as an error
+  BIO_free(bio);
+  if (added == 0) {
+    X509_STORE_free(store);
+    return nullptr;
+  }
+  return store;
+}
+
+}  // namespace
+
+Etcd::Etcd(EtcdUrl url, Duration call_timeout) : url_(std::move(url)), timeout_(call_timeout) {
+  if (!url_.secure) return;
+  auto tls = std::make_shared<Tls>();
+  const TlsIdentity& id = url_.tls;
+  if (!id.ca.empty() && !(tls->ca = StoreOf(id.ca))) {
+    tls->error = "the etcd CA holds no PEM certificate";
+  }
+  if (!id.cert.empty() || !id.key.empty()) {
+    BIO* c = BIO_new_mem_buf(id.cert.data(), static_cast<int>(id.cert.size()));
+    BIO* k = BIO_new_mem_buf(id.key.data(), static_cast<int>(id.key.size()));
+    tls->cert = c ? PEM_read_bio_X509(c, nullptr, nullptr, nullptr) : nullptr;
+    tls->key = k ? PEM_read_bio_PrivateKey(k, nullptr, nullptr, nullptr) : nullptr;
+    BIO_free(c);
+    BIO_free(k);
+    ERR_clear_error();
+    if (!tls->cert || !tls->key) {
+      tls->error = "the etcd client certificate and key must both be PEM (a certificate, and "
+                   "its private key without a passphrase)";
+    } else if (X509_check_private_key(tls->cert, tls->key) != 1) {
+      ERR_clear_error();
+      tls->error = "the etcd client key is not the key of its certificate";
+    }
+  }
+  tls_ = std::move(tls);
+}
 
 StatusOr<std::string> Etcd::Call(const std::string& path, const std::string& body) {
   size_t first;
@@ -141,19 +221,36 @@ StatusOr<std::string> Etcd::Call(const std::string& path, const std::string& bod
     MutexLock g(mu_);
     first = good_;
   }
+  if (tls_ && !tls_->error.empty()) return FailedPrecondition(url_.text + ": " + tls_->error);
   const auto seconds = std::chrono::duration_cast<std::chrono::microseconds>(timeout_).count();
   std::string errors;
   for (size_t i = 0; i < url_.endpoints.size(); ++i) {
     size_t at = (first + i) % url_.endpoints.size();
     const std::string& ep = url_.endpoints[at];
     size_t colon = ep.rfind(':');
-    httplib::Client cli(ep.substr(0, colon), std::atoi(ep.c_str() + colon + 1));
+    std::unique_ptr<httplib::ClientImpl> made;
+    if (url_.secure) {
+      auto ssl = std::make_unique<httplib::SSLClient>(ep.substr(0, colon),
+                                                      std::atoi(ep.c_str() + colon + 1),
+                                                      tls_->cert, tls_->key);
+      if (tls_->ca) {
+        X509_STORE_up_ref(tls_->ca);  // the client's context takes one reference
+        ssl->set_ca_cert_store(tls_->ca);
+      }
+      ssl->enable_server_certificate_verification(true);
+      made = std::move(ssl);
+    } else {
+      made = std::make_unique<httplib::ClientImpl>(ep.substr(0, colon),
+                                                   std::atoi(ep.c_str() + colon + 1));
+    }
+    httplib::ClientImpl& cli = *made;
     cli.set_connection_timeout(seconds / 1000000, seconds % 1000000);
     cli.set_read_timeout(seconds / 1000000, seconds % 1000000);
     cli.set_write_timeout(seconds / 1000000, seconds % 1000000);
     auto res = cli.Post(path.c_str(), body, "application/json");
     if (!res) {
-      errors += (errors.empty() ? "" : "; ") + ep + ": " + httplib::to_string(res.error());
+      errors += (errors.empty() ? "" : "; ") + ep + ": " + httplib::to_string(res.error()) +
+                Hint(res.error(), url_.secure);
       continue;
     }
     if (res->status != 200) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "common/clock.h"
 #include "common/mutex.h"
 #include "common/status.h"
+#include "common/tls.h"
 
 namespace elastic {
 
@@ -22,9 +24,15 @@ struct EtcdUrl {
   std::vector<std::string> endpoints;  // host:port
   std::string prefix;                  // "/elastic-run/job1": no trailing '/'
   std::string text;                    // as given
+  // etcds://: HTTPS, the server's certificate verified (for the endpoint's host name or
+  // address) against tls.ca, or the system's CAs when it is empty; tls.cert and tls.key, when
+  // given, are the client certificate etcd's --client-cert-auth asks for.
+  bool secure = false;
+  TlsIdentity tls;
 };
 
-// etcd://HOST:PORT[,HOST:PORT...]/PREFIX. INVALID_ARGUMENT saying what is wrong with it.
+// etcd://HOST:PORT[,HOST:PORT...]/PREFIX, or etcds://... INVALID_ARGUMENT saying what is wrong
+// with it.
 StatusOr<EtcdUrl> ParseEtcdUrl(const std::string& url);
 
 // RFC 4648 base64 (etcd's JSON carries keys and values so); Base64Decode fails on bad input.
@@ -71,7 +79,10 @@ class Etcd {
   StatusOr<bool> Txn(const std::string& compare, const std::vector<Write>& writes);
   std::string Key(const std::string& key) const { return url_.prefix + "/" + key; }
 
+  // etcds://: the URL's CA, certificate and key, parsed once (or why they could not be).
+  struct Tls;
   EtcdUrl url_;
+  std::shared_ptr<const Tls> tls_;
   Duration timeout_;
   Mutex mu_;
   size_t good_ ELASTIC_GUARDED_BY(mu_) = 0;  // the endpoint that answered last

@@ -167,7 +167,7 @@ StatusOr<TlsIdentity> DecodeTlsIdentity(const std::string& line) {
                            " parts, not 3 (CA, certificate, key)");
   }
   for (const auto& p : parts) {
-    if (p.rfind("-----BEGIN ", 0) != 0) {
+    if (!p.empty() && p.rfind("-----BEGIN ", 0) != 0) {
       return InvalidArgument("the TLS credentials hold a part that is not PEM");
     }
   }

@@ -33,9 +33,9 @@ struct JobCredentials {
 // ago (clocks of the hosts differ). INTERNAL with OpenSSL's reason when that fails.
 StatusOr<JobCredentials> MakeJobCredentials(Duration validity);
 
-// An identity as one line of text (base64 of its three PEM blocks), for an environment
-// variable and the launcher's stdin; and back. Decoding is bounded (kMaxEncodedIdentity) and
-// says what is wrong.
+// An identity as one line of text (base64 of its three PEM blocks, any of them empty), for an
+// environment variable and the launcher's stdin; and back ("" is the empty identity).
+// Decoding is bounded (kMaxEncodedIdentity) and says what is wrong.
 inline constexpr size_t kMaxEncodedIdentity = 64 << 10;
 std::string EncodeTlsIdentity(const TlsIdentity& id);
 StatusOr<TlsIdentity> DecodeTlsIdentity(const std::string& line);

@@ -344,6 +344,9 @@ void Driver::Launch(Worker& w, bool spare) {
   if (!tls_.client.empty()) env["ELASTIC_JOB_TLS"] = EncodeTlsIdentity(tls_.client);
   if (spare) env["ELASTIC_SPARE"] = "1";
   if (!opts_.state_store.empty()) env["ELASTIC_STATE_STORE"] = opts_.state_store;
+  if (!opts_.state_store_tls.empty()) {
+    env["ELASTIC_STATE_STORE_TLS"] = EncodeTlsIdentity(opts_.state_store_tls);
+  }
   if (!opts_.checkpoint_dir.empty()) {
     env["ELASTIC_CHECKPOINT_DIR"] = opts_.checkpoint_dir;
     env["ELASTIC_CHECKPOINT_INTERVAL"] =
@@ -370,13 +373,15 @@ void Driver::Launch(Worker& w, bool spare) {
     }
     char cwd[4096] = {0};
     // The job token and TLS credentials never appear on a command line (`ps` shows those to
-    // every user): the remote script reads them from the launcher's stdin, its first two
-    // lines (the second empty without TLS). The stdin then stays open for the worker's life:
+    // every user): the remote script reads them from the launcher's stdin, its first three
+    // lines (the job's TLS, then etcd's; each empty when there is none). The stdin then stays open for the worker's life:
     // its closing is how the remote side learns that the driver or the launcher is gone, and
     // ends the worker (driver/launch.h).
-    spec.stdin_data = token_ + "\n" + EncodeTlsIdentity(tls_.client) + "\n";
+    spec.stdin_data = token_ + "\n" + EncodeTlsIdentity(tls_.client) + "\n" +
+                      EncodeTlsIdentity(opts_.state_store_tls) + "\n";
     spec.keep_stdin_open = true;
-    for (const char* secret : {"ELASTIC_JOB_TOKEN", "ELASTIC_JOB_TLS"}) {
+    for (const char* secret :
+         {"ELASTIC_JOB_TOKEN", "ELASTIC_JOB_TLS", "ELASTIC_STATE_STORE_TLS"}) {
       spec.env.erase(secret);
       env.erase(secret);
     }

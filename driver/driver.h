@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "common/tls.h"
 #include "discovery/discovery.h"
 
 namespace elastic::driver {
@@ -108,6 +109,9 @@ struct DriverOptions {
   // --state-store etcd://HOST:PORT,.../PREFIX: the journal and the job's leadership live in
   // etcd (driver/leadership.h, docs/high-availability.md); "": not.
   std::string state_store;
+  // For an etcds:// store (--state-store-ca, -cert, -key, read by driver/main.cc): the CA to
+  // trust ("" : the system's) and the client certificate and key etcd asks for.
+  TlsIdentity state_store_tls;
   bool standby = false;  // --standby: wait, then take over from the leader when it goes
   int lease_ttl = 5;     // --lease-ttl, seconds: how long a silent leader still leads
   // The command line as given, kept in the journal: a driver started on the folder with

@@ -30,6 +30,7 @@ Status Driver::TakeLeadership() {
   if (!url.ok()) return url.status();
   LeadershipOptions lo;
   lo.store = *url;
+  lo.store.tls = opts_.state_store_tls;
   lo.ttl_seconds = opts_.lease_ttl;
   lo.standby = opts_.standby;
   // A standby checks the job before it leads: one it could not adopt is refused while the

@@ -148,7 +148,10 @@ std::string RemoteScript(const std::string& cwd, const std::map<std::string, std
   s += "IFS= read -r ELASTIC_JOB_TLS || { echo 'elastic-run: no TLS line on stdin' >&2; "
        "exit 1; }\n";
   s += "export ELASTIC_JOB_TOKEN\n";
+  s += "IFS= read -r ELASTIC_STATE_STORE_TLS || { echo 'elastic-run: no etcd TLS line on "
+       "stdin' >&2; exit 1; }\n";
   s += "if [ -n \"$ELASTIC_JOB_TLS\" ]; then export ELASTIC_JOB_TLS; fi\n";
+  s += "if [ -n \"$ELASTIC_STATE_STORE_TLS\" ]; then export ELASTIC_STATE_STORE_TLS; fi\n";
   s += "S=; command -v setsid >/dev/null 2>&1 && S=setsid\n";
   s += "D=; if tail --version 2>/dev/null | grep -q GNU && "
        "tail ---disable-inotify -n 0 /dev/null 2>/dev/null; then "

@@ -15,8 +15,9 @@
 namespace elastic::driver {
 
 // The /bin/sh script a remote host runs for one slot. It reads the job token from its stdin's
-// first line and the workers' TLS credentials (ELASTIC_JOB_TLS, empty without TLS) from its
-// second (a secret never goes on a command line), starts `command` with `env` in a
+// first line, the workers' TLS credentials (ELASTIC_JOB_TLS, empty without TLS) from its
+// second and etcd's (ELASTIC_STATE_STORE_TLS, empty without) from its third (a secret never
+// goes on a command line), starts `command` with `env` in a
 // session of its own (setsid, where the host has it), and then watches its stdin: the
 // launcher (ssh, or the template's command) keeps it open for as long as the driver wants
 // the worker. On a "stop" line, or when it closes (the driver died, the launcher was killed,

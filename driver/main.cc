@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <tuple>
 #include <set>
 #include <sstream>
 
@@ -99,6 +100,7 @@ struct CommandLine {
   DriverOptions o;
   int np = 0, min_np = 0, max_np = 0;
   std::string host_list, hostfile, log_level;
+  std::string store_ca, store_cert, store_key;  // --state-store-ca, -cert, -key (paths)
   bool verbose = false, no_shm = false;
   double discovery_interval = 1, discovery_timeout = 10, elastic_timeout = 600, start_timeout = 600,
          rendezvous_timeout = 60, grace = 5, hang_timeout = 0, liveness_timeout = 6,
@@ -222,7 +224,16 @@ void AddStateOptions(CLI::App& app, CommandLine& c) {
                  "leadership in etcd (v3) under PREFIX, so that a standby driver on another "
                  "machine (--standby) takes the job over by itself when this one or its machine "
                  "dies; needs --state-dir for this machine's worker output "
-                 "(docs/high-availability.md)");
+                 "(docs/high-availability.md). etcds://...: etcd over TLS");
+  app.add_option("--state-store-ca", c.store_ca,
+                 "With an etcds:// --state-store: the PEM file of the CA that signed etcd's "
+                 "certificate (default: the system's CAs)");
+  app.add_option("--state-store-cert", c.store_cert,
+                 "With an etcds:// --state-store: the PEM file of the client certificate etcd "
+                 "asks for (its --client-cert-auth); with --state-store-key");
+  app.add_option("--state-store-key", c.store_key,
+                 "With an etcds:// --state-store: the PEM file of that certificate's private key "
+                 "(no passphrase); the workers get it as they get the job token");
   app.add_flag("--standby", o.standby,
                "With --state-store: start no job; wait until the driver that leads the job is "
                "gone (its lease runs out), then adopt its workers and lead; exit with the "
@@ -468,6 +479,39 @@ Status ResolveTimes(const CLI::App& app, CommandLine& c) {
   return Status::Ok();
 }
 
+// --state-store-ca, -cert and -key: read (bounded), for an etcds:// store only.
+Status ReadStoreCredentials(const elastic::EtcdUrl& url, CommandLine& c) {
+  const bool any = !c.store_ca.empty() || !c.store_cert.empty() || !c.store_key.empty();
+  if (any && !url.secure) {
+    return Refuse("--state-store-ca, --state-store-cert and --state-store-key are for etcd over "
+                  "TLS: give an etcds:// --state-store");
+  }
+  if (c.store_cert.empty() != c.store_key.empty()) {
+    return Refuse("--state-store-cert and --state-store-key go together");
+  }
+  constexpr size_t kMaxPem = 64 << 10;
+  for (auto [option, path, out] :
+       {std::tuple<const char*, const std::string*, std::string*>{
+            "--state-store-ca", &c.store_ca, &c.o.state_store_tls.ca},
+        {"--state-store-cert", &c.store_cert, &c.o.state_store_tls.cert},
+        {"--state-store-key", &c.store_key, &c.o.state_store_tls.key}}) {
+    if (path->empty()) continue;
+    std::ifstream f(*path, std::ios::binary);
+    if (!f) return Refuse(std::string(option) + " " + *path + ": " + strerror(errno));
+    std::string text(kMaxPem + 1, '\0');
+    f.read(text.data(), static_cast<std::streamsize>(text.size()));
+    text.resize(static_cast<size_t>(f.gcount()));
+    if (text.size() > kMaxPem) {
+      return Refuse(std::string(option) + " " + *path + ": larger than 64 KiB, not a PEM file");
+    }
+    if (text.find("-----BEGIN ") == std::string::npos) {
+      return Refuse(std::string(option) + " " + *path + ": not a PEM file");
+    }
+    *out = text;
+  }
+  return elastic::Status::Ok();
+}
+
 // --state-dir and --checkpoint-dir: made, locked, and given as full paths (workers elsewhere,
 // another cwd or host, get the same folder).
 Status PrepareFolders(const CLI::App& app, CommandLine& c) {
@@ -478,9 +522,9 @@ Status PrepareFolders(const CLI::App& app, CommandLine& c) {
     return Refuse("--standby and --lease-ttl need --state-store etcd://HOST:PORT/PREFIX");
   }
   if (!o.state_store.empty()) {
-    if (auto url = elastic::ParseEtcdUrl(o.state_store); !url.ok()) {
-      return Refuse(url.status().message());
-    }
+    auto url = elastic::ParseEtcdUrl(o.state_store);
+    if (!url.ok()) return Refuse(url.status().message());
+    RETURN_IF_ERROR(ReadStoreCredentials(*url, c));
     if (o.state_dir.empty()) {
       return Refuse("--state-store needs --state-dir: a folder on this machine for its "
                     "workers' output and exit statuses, which a standby here reads too");

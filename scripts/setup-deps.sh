@@ -21,7 +21,7 @@ PACKAGES=(
   python3 python3-venv
   iproute2 procps openssh-server openssh-client gdb elfutils
   libcpp-httplib-dev slurm-wlm munge nftables clang libfuzzer-14-dev libclang-rt-14-dev
-  etcd-server libssl-dev tcpdump
+  etcd-server libssl-dev openssl tcpdump
 )
 
 missing=()

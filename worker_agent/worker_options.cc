@@ -19,7 +19,7 @@ const char* const kWorkerVariables[] = {
     "ELASTIC_GLOO_LAZY_PAIRS", "ELASTIC_GLOO_FULL_MESH", "ELASTIC_SHM_SLOT_BYTES",
     "ELASTIC_NCCL_LIBRARY",    "ELASTIC_CUDART_LIBRARY", "ELASTIC_GRPC_BDP_PROBE",
     "ELASTIC_LOG_LEVEL",       "ELASTIC_TEST_HOOKS",     "ELASTIC_STATE_STORE",
-    "ELASTIC_JOB_TLS",
+    "ELASTIC_JOB_TLS",         "ELASTIC_STATE_STORE_TLS",
 };
 const size_t kWorkerVariableCount = sizeof kWorkerVariables / sizeof kWorkerVariables[0];
 
@@ -107,11 +107,17 @@ StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   if (std::string tls = Reader::Text("ELASTIC_JOB_TLS"); !tls.empty()) {
     auto id = DecodeTlsIdentity(tls);
     if (!id.ok()) return id.status().WithContext("ELASTIC_JOB_TLS");
+    if (id->ca.empty() || id->cert.empty() || id->key.empty()) {
+      return InvalidArgument("ELASTIC_JOB_TLS: it needs the CA, the certificate and the key");
+    }
     o.tls = *id;
   }
   if (std::string store = Reader::Text("ELASTIC_STATE_STORE"); !store.empty()) {
     auto url = ParseEtcdUrl(store);
     if (!url.ok()) return url.status().WithContext("ELASTIC_STATE_STORE");
+    auto tls = DecodeTlsIdentity(Reader::Text("ELASTIC_STATE_STORE_TLS"));
+    if (!tls.ok()) return tls.status().WithContext("ELASTIC_STATE_STORE_TLS");
+    url->tls = *tls;
     o.state_store = *url;
   }
   for (auto [name, value] :

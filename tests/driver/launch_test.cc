@@ -67,7 +67,7 @@ Remote StartRemote(const std::string& program, int grace = 2) {
                                     {"/bin/sh", "-c", body}, grace);
   LaunchSpec spec;
   spec.argv = {"/bin/sh", "-c", script};
-  spec.stdin_data = "the-token\nthe-tls\n";
+  spec.stdin_data = "the-token\nthe-tls\n\n";
   spec.keep_stdin_open = true;
   auto p = Process::Start(spec);
   REQUIRE(p.ok());

@@ -15,6 +15,8 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <mutex>
 #include <thread>
 
@@ -33,20 +35,51 @@ int FreePort() {
   return ntohs(a.sin_port);
 }
 
+std::string Slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
 // One etcd member on loopback for the test case; killed and its data removed at the end.
+// With tls, it serves HTTPS only to clients with a certificate of its CA
+// (tests/etcd_tls_certs.sh made them, in dir/certs).
 struct EtcdServer {
   std::string dir;
   int port = 0;
   pid_t pid = -1;
-  EtcdServer() {
+  bool tls = false;
+  explicit EtcdServer(bool with_tls = false) : tls(with_tls) {
     char tmpl[] = "/tmp/elastic-etcd-test-XXXXXX";
     REQUIRE(mkdtemp(tmpl) != nullptr);
     dir = tmpl;
+    if (tls) {
+      std::string make = std::string(ELASTIC_SOURCE_DIR) + "/tests/etcd_tls_certs.sh " + dir +
+                         "/certs 127.0.0.1";
+      REQUIRE(std::system(make.c_str()) == 0);
+    }
     for (int attempt = 0; attempt < 5 && pid < 0; ++attempt) {
       port = FreePort();
       int peer = FreePort();
-      std::string client = "http://127.0.0.1:" + std::to_string(port);
+      std::string client = (tls ? "https://127.0.0.1:" : "http://127.0.0.1:") +
+                           std::to_string(port);
       std::string peers = "http://127.0.0.1:" + std::to_string(peer);
+      const std::string certs = dir + "/certs/";
+      std::vector<std::string> args = {
+          "etcd", "--data-dir", dir + "/data", "--name", "t", "--listen-client-urls", client,
+          "--advertise-client-urls", client, "--listen-peer-urls", peers,
+          "--initial-advertise-peer-urls", peers, "--initial-cluster", "t=" + peers};
+      if (tls) {
+        for (const std::string& a :
+             {"--cert-file=" + certs + "server.pem", "--key-file=" + certs + "server.key",
+              "--trusted-ca-file=" + certs + "ca.pem", std::string("--client-cert-auth")}) {
+          args.push_back(a);
+        }
+      }
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
       pid = fork();
       REQUIRE(pid >= 0);
       if (pid == 0) {
@@ -54,14 +87,10 @@ struct EtcdServer {
         FILE* f = freopen(log.c_str(), "w", stdout);
         (void)f;
         dup2(1, 2);
-        execlp("etcd", "etcd", "--data-dir", (dir + "/data").c_str(), "--name", "t",
-               "--listen-client-urls", client.c_str(), "--advertise-client-urls", client.c_str(),
-               "--listen-peer-urls", peers.c_str(), "--initial-advertise-peer-urls",
-               peers.c_str(), "--initial-cluster", ("t=" + peers).c_str(), nullptr);
+        execvp("etcd", argv.data());
         _exit(127);
       }
-      Etcd probe(*ParseEtcdUrl("etcd://127.0.0.1:" + std::to_string(port) + "/probe"),
-                 std::chrono::milliseconds(500));
+      Etcd probe(Url("probe"), std::chrono::milliseconds(500));
       auto deadline = SteadyClock::now() + std::chrono::seconds(30);
       bool up = false;
       while (SteadyClock::now() < deadline) {
@@ -89,9 +118,20 @@ struct EtcdServer {
     }
     std::filesystem::remove_all(dir);
   }
+  // The URL of `prefix`; with tls, etcds:// with the CA and the client certificate.
+  EtcdUrl Url(const std::string& prefix) const {
+    auto url = ParseEtcdUrl((tls ? "etcds://127.0.0.1:" : "etcd://127.0.0.1:") +
+                            std::to_string(port) + "/" + prefix);
+    REQUIRE(url.ok());
+    if (tls) {
+      url->tls = {Slurp(dir + "/certs/ca.pem"), Slurp(dir + "/certs/client.pem"),
+                  Slurp(dir + "/certs/client.key")};
+    }
+    return *url;
+  }
   LeadershipOptions Options(const std::string& prefix, bool standby = false) const {
     LeadershipOptions o;
-    o.store = *ParseEtcdUrl("etcd://127.0.0.1:" + std::to_string(port) + "/" + prefix);
+    o.store = Url(prefix);
     o.ttl_seconds = 2;
     o.standby = standby;
     return o;
@@ -258,11 +298,49 @@ TEST_CASE("etcd: an endpoint that does not answer is skipped") {
   CHECK_THAT(refused.status().message(), Catch::Contains("no etcd endpoint"));
 }
 
+TEST_CASE("etcd over TLS: only with its CA and a client certificate it trusts", "[integration]") {
+  EtcdServer etcd(/*with_tls=*/true);
+  const std::string certs = etcd.dir + "/certs/";
+  // Leadership runs over it as over plain etcd.
+  auto leader = Leadership::Take(etcd.Options("tls-job"), [] { return false; }, nullptr);
+  REQUIRE(leader.ok());
+  CHECK((*leader)->Leads());
+  Etcd store(etcd.Url("tls-job"), std::chrono::seconds(2));
+  REQUIRE(store.Put("k", "v").ok());
+  REQUIRE(store.Get("k").ok());
+  CHECK(store.Get("k").value()->value == "v");
+  // Refused: no client certificate; a CA that did not sign etcd's (and the system's CAs, which
+  // did not either); plain HTTP to its HTTPS port; PEM text that is not what it claims.
+  EtcdUrl no_cert = etcd.Url("tls-job");
+  no_cert.tls.cert = no_cert.tls.key = "";
+  EtcdUrl other_ca = etcd.Url("tls-job");
+  other_ca.tls.ca = Slurp(certs + "other-ca.pem");
+  EtcdUrl system_cas = etcd.Url("tls-job");
+  system_cas.tls.ca = "";
+  EtcdUrl plain = *ParseEtcdUrl("etcd://127.0.0.1:" + std::to_string(etcd.port) + "/tls-job");
+  for (const EtcdUrl& url : {no_cert, other_ca, system_cas, plain}) {
+    auto got = Etcd(url, std::chrono::milliseconds(500)).Get("k");
+    INFO(url.text << " " << got.status().ToString());
+    CHECK_FALSE(got.ok());
+  }
+  EtcdUrl wrong_key = etcd.Url("tls-job");
+  wrong_key.tls.key = Slurp(certs + "other-ca.key");
+  auto mismatched = Etcd(wrong_key).Get("k");
+  CHECK(mismatched.status().code() == Code::kFailedPrecondition);
+  CHECK_THAT(mismatched.status().message(), Catch::Contains("not the key of its certificate"));
+  EtcdUrl garbage = etcd.Url("tls-job");
+  garbage.tls.ca = "-----BEGIN CERTIFICATE-----\nnot one\n-----END CERTIFICATE-----\n";
+  CHECK_THAT(Etcd(garbage).Get("k").status().message(), Catch::Contains("no PEM certificate"));
+}
+
 TEST_CASE("etcd: URLs are checked and bounded") {
   CHECK(ParseEtcdUrl("etcd://a:1,b:2/x/y/")->prefix == "/x/y");
   CHECK(ParseEtcdUrl("etcd://a:1,b:2/x")->endpoints == std::vector<std::string>{"a:1", "b:2"});
+  CHECK(!ParseEtcdUrl("etcd://a:1/x")->secure);
+  CHECK(ParseEtcdUrl("etcds://a:1/x")->secure);
+  CHECK(ParseEtcdUrl("etcds://a:1/x")->endpoints == std::vector<std::string>{"a:1"});
   for (const char* bad : {"etcd://a:1", "etcd://a/x", "etcd://a:0/x", "etcd://a:1,/x",
-                          "http://a:1/x", "etcd://a:1//", "etcds://a:1/x", "etcd://a:1/x y"}) {
+                          "http://a:1/x", "etcd://a:1//", "etcds://a:1", "etcd://a:1/x y"}) {
     INFO(bad);
     CHECK(ParseEtcdUrl(bad).status().code() == Code::kInvalidArgument);
   }

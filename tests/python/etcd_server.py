@@ -3,11 +3,15 @@ free loopback ports, and its JSON API read directly (the oracle, independent of 
 etcd client in common/etcd.cc)."""
 import base64
 import json
+import os
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
+
+CERTS_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "etcd_tls_certs.sh")
 
 
 def free_port():
@@ -16,29 +20,45 @@ def free_port():
         return s.getsockname()[1]
 
 
-def etcd_call(port, path, body, host="127.0.0.1"):
-    req = urllib.request.Request(f"http://{host}:{port}{path}", json.dumps(body).encode(),
+def etcd_call(port, path, body, host="127.0.0.1", certs=None):
+    """POST to etcd's JSON API; over HTTPS with the client certificate of `certs` (a folder
+    of tests/etcd_tls_certs.sh) when given."""
+    scheme, context = "http", None
+    if certs:
+        scheme = "https"
+        context = ssl.create_default_context(cafile=os.path.join(certs, "ca.pem"))
+        context.load_cert_chain(os.path.join(certs, "client.pem"),
+                                os.path.join(certs, "client.key"))
+    req = urllib.request.Request(f"{scheme}://{host}:{port}{path}", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=5) as r:
+    with urllib.request.urlopen(req, timeout=5, context=context) as r:
         return json.loads(r.read())
 
 
-def etcd_get(port, key, host="127.0.0.1"):
+def etcd_get(port, key, host="127.0.0.1", certs=None):
     """The key's value (text) and its lease id, or (None, 0)."""
     got = etcd_call(port, "/v3/kv/range", {"key": base64.b64encode(key.encode()).decode()},
-                    host)
+                    host, certs)
     if not got.get("kvs"):
         return None, 0
     kv = got["kvs"][0]
     return base64.b64decode(kv.get("value", "")).decode(), int(kv.get("lease", 0))
 
 
-def start_etcd(data, members=1, host="127.0.0.1"):
+def start_etcd(data, members=1, host="127.0.0.1", certs=None):
     """`members` etcd members on `host` (an address of this machine: loopback, or a test's
-    bridge), one cluster; [(process, client port)]."""
+    bridge), one cluster; [(process, client port)]. With `certs` (a folder), its clients speak
+    HTTPS and must present a client certificate: tests/etcd_tls_certs.sh makes both there."""
     binary = shutil.which("etcd")
     assert binary, "etcd is not installed: scripts/setup-deps.sh installs Debian's etcd-server"
     data.mkdir(parents=True, exist_ok=True)
+    tls = []
+    scheme = "http"
+    if certs:
+        subprocess.run(["sh", CERTS_SCRIPT, str(certs), host], check=True)
+        scheme = "https"
+        tls = [f"--cert-file={certs}/server.pem", f"--key-file={certs}/server.key",
+               f"--trusted-ca-file={certs}/ca.pem", "--client-cert-auth"]
     for _ in range(5):
         ports = [(free_port(), free_port()) for _ in range(members)]
         cluster = ",".join(f"m{i}=http://{host}:{p}" for i, (_, p) in enumerate(ports))
@@ -46,11 +66,11 @@ def start_etcd(data, members=1, host="127.0.0.1"):
         for i, (client, peer) in enumerate(ports):
             procs.append(subprocess.Popen(
                 [binary, "--data-dir", str(data / f"m{i}"), "--name", f"m{i}",
-                 "--listen-client-urls", f"http://{host}:{client}",
-                 "--advertise-client-urls", f"http://{host}:{client}",
+                 "--listen-client-urls", f"{scheme}://{host}:{client}",
+                 "--advertise-client-urls", f"{scheme}://{host}:{client}",
                  "--listen-peer-urls", f"http://{host}:{peer}",
                  "--initial-advertise-peer-urls", f"http://{host}:{peer}",
-                 "--initial-cluster", cluster, "--initial-cluster-state", "new"],
+                 "--initial-cluster", cluster, "--initial-cluster-state", "new"] + tls,
                 stdout=open(data / f"m{i}.log", "w"), stderr=subprocess.STDOUT))
         deadline = time.monotonic() + 60
         up = set()
@@ -58,7 +78,7 @@ def start_etcd(data, members=1, host="127.0.0.1"):
                 p.poll() is None for p in procs):
             for i, (client, _) in enumerate(ports):
                 try:
-                    etcd_call(client, "/v3/kv/range", {"key": "eA=="}, host)
+                    etcd_call(client, "/v3/kv/range", {"key": "eA=="}, host, certs)
                     up.add(i)
                 except OSError:
                     pass

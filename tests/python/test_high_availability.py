@@ -125,6 +125,74 @@ def test_a_standby_adopts_the_workers_of_a_killed_leader_and_the_job_ends_fault_
     assert etcd_get(etcd, f"/{prefix}/journal") == (None, 0)
 
 
+def test_over_etcd_with_tls_a_standby_adopts_the_workers_and_the_job_ends_fault_free(
+        elastic_run, example, fault_free_hash, tmp_path):
+    """etcds://: the drivers and the workers reach an etcd that serves HTTPS only to clients
+    with a certificate of its CA (--client-cert-auth). The leader is killed; the standby leads,
+    the workers find it through that etcd (their lookups use the certificate they got with
+    their launch) and the job ends fault-free. Plain etcd:// to it, and etcds:// without the
+    client certificate, are refused."""
+    certs = tmp_path / "certs"
+    members = start_etcd(tmp_path / "etcd", certs=certs)
+    port = members[0][1]
+    marker = f"ha-tls-{os.getpid()}"
+    prefix = f"test/tls-{os.getpid()}"
+    state, book = tmp_path / "state", str(tmp_path / "ledger")
+    tls = ["--state-store-ca", str(certs / "ca.pem"), "--state-store-cert",
+           str(certs / "client.pem"), "--state-store-key", str(certs / "client.key")]
+
+    def secure(args):
+        at = args.index("--state-store") + 1
+        args[at] = args[at].replace("etcd://", "etcds://")
+        return args[:at + 1] + tls + args[at + 1:]
+
+    leader = standby = None
+    try:
+        plain = command(elastic_run, example, port, prefix + "-plain", tmp_path / "s1",
+                        book + "-plain", epochs=1)
+        ca_only = command(elastic_run, example, port, prefix + "-ca-only", tmp_path / "s2",
+                          book + "-ca-only", epochs=1)
+        at = ca_only.index("--state-store") + 1
+        ca_only[at] = ca_only[at].replace("etcd://", "etcds://")
+        ca_only[at + 1:at + 1] = ["--state-store-ca", str(certs / "ca.pem")]
+        for refused, says in ((plain, "does it serve HTTPS? give etcds://"),
+                              (ca_only, "does it ask for a client certificate?")):
+            rc, out = run(refused, timeout=60)
+            assert rc == 1 and says in out, out
+        # Bad arguments: the certificate options with a plain etcd, a key without its
+        # certificate, a file that is not PEM (exit 2, saying which).
+        for scheme, extra, says in (
+                ("etcd://", ["--state-store-ca", str(certs / "ca.pem")],
+                 "give an etcds:// --state-store"),
+                ("etcds://", ["--state-store-key", str(certs / "client.key")], "go together"),
+                ("etcds://", ["--state-store-ca", example], "not a PEM file")):
+            args = list(plain)
+            at = args.index("--state-store") + 1
+            args[at] = args[at].replace("etcd://", scheme)
+            args[at + 1:at + 1] = extra
+            rc, out = run(args, timeout=60)
+            assert rc == 2 and says in out, (extra, out)
+        leader = Job(secure(command(elastic_run, example, port, prefix, state, book)),
+                     env=env_of(marker))
+        leader.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=60)
+        standby = Job(secure(command(elastic_run, example, port, prefix, state, book,
+                                     standby=True)), env=env_of(marker))
+        standby.wait_for(r"standby: the driver at .* leads the job", timeout=30)
+        pids = wait_workers(marker, 2)
+        os.kill(leader.proc.pid, signal.SIGKILL)
+        leader.proc.wait(10)
+        standby.wait_for(r"this driver leads the job now", timeout=TTL + 30)
+        standby.wait_for(r"2 worker\(s\) re-attached", timeout=30)
+        assert workers(marker) == pids
+        value, _ = etcd_get(port, f"/{prefix}/leader", certs=certs)
+        assert value.split("\n")[1] == str(standby.proc.pid), value
+        assert standby.wait(timeout=120) == 0, standby.text()
+    finally:
+        end(marker, leader, standby)
+        stop_etcd(members)
+    check_fault_free(book, leader.text() + "\n" + standby.text(), fault_free_hash)
+
+
 def test_a_paused_leader_is_fenced_off_and_ends_without_touching_the_workers(
         elastic_run, example, etcd, fault_free_hash, tmp_path):
     """Split brain: the leader is paused (SIGSTOP) past its lease while the workers train; the
