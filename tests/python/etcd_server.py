@@ -9,6 +9,7 @@ import socket
 import ssl
 import subprocess
 import time
+import urllib.error
 import urllib.request
 
 CERTS_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "etcd_tls_certs.sh")
@@ -36,41 +37,57 @@ def etcd_call(port, path, body, host="127.0.0.1", certs=None):
 
 
 def etcd_get(port, key, host="127.0.0.1", certs=None):
-    """The key's value (text) and its lease id, or (None, 0)."""
-    got = etcd_call(port, "/v3/kv/range", {"key": base64.b64encode(key.encode()).decode()},
-                    host, certs)
+    """The key's value (text) and its lease id, or (None, 0). A member that answers 503 (its
+    cluster is electing a leader: a member was just lost) is asked again, for up to 20 s."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            got = etcd_call(port, "/v3/kv/range",
+                            {"key": base64.b64encode(key.encode()).decode()}, host, certs)
+            break
+        except urllib.error.HTTPError as e:
+            if e.code != 503 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
     if not got.get("kvs"):
         return None, 0
     kv = got["kvs"][0]
     return base64.b64decode(kv.get("value", "")).decode(), int(kv.get("lease", 0))
 
 
-def start_etcd(data, members=1, host="127.0.0.1", certs=None):
+def start_etcd(data, members=1, host="127.0.0.1", certs=None, namespaces=None):
     """`members` etcd members on `host` (an address of this machine: loopback, or a test's
     bridge), one cluster; [(process, client port)]. With `certs` (a folder), its clients speak
-    HTTPS and must present a client certificate: tests/etcd_tls_certs.sh makes both there."""
+    HTTPS and must present a client certificate: tests/etcd_tls_certs.sh makes both there.
+    With `namespaces`, [(network namespace, its address)] one per member: member i runs in
+    namespace i on its address (hosts of their own; the members' addresses are then those,
+    not `host`)."""
     binary = shutil.which("etcd")
     assert binary, "etcd is not installed: scripts/setup-deps.sh installs Debian's etcd-server"
     data.mkdir(parents=True, exist_ok=True)
+    hosts = [addr for _, addr in namespaces] if namespaces else [host] * members
+    assert len(hosts) == members, (namespaces, members)
     tls = []
     scheme = "http"
     if certs:
-        subprocess.run(["sh", CERTS_SCRIPT, str(certs), host], check=True)
+        subprocess.run(["sh", CERTS_SCRIPT, str(certs)] + sorted(set(hosts)), check=True)
         scheme = "https"
         tls = [f"--cert-file={certs}/server.pem", f"--key-file={certs}/server.key",
                f"--trusted-ca-file={certs}/ca.pem", "--client-cert-auth"]
     for _ in range(5):
         ports = [(free_port(), free_port()) for _ in range(members)]
-        cluster = ",".join(f"m{i}=http://{host}:{p}" for i, (_, p) in enumerate(ports))
+        cluster = ",".join(f"m{i}=http://{hosts[i]}:{p}" for i, (_, p) in enumerate(ports))
         procs = []
         for i, (client, peer) in enumerate(ports):
+            at = hosts[i]
+            where = ["ip", "netns", "exec", namespaces[i][0]] if namespaces else []
             procs.append(subprocess.Popen(
-                [binary, "--data-dir", str(data / f"m{i}"), "--name", f"m{i}",
-                 "--listen-client-urls", f"{scheme}://{host}:{client}",
-                 "--advertise-client-urls", f"{scheme}://{host}:{client}",
-                 "--listen-peer-urls", f"http://{host}:{peer}",
-                 "--initial-advertise-peer-urls", f"http://{host}:{peer}",
-                 "--initial-cluster", cluster, "--initial-cluster-state", "new"] + tls,
+                where + [binary, "--data-dir", str(data / f"m{i}"), "--name", f"m{i}",
+                         "--listen-client-urls", f"{scheme}://{at}:{client}",
+                         "--advertise-client-urls", f"{scheme}://{at}:{client}",
+                         "--listen-peer-urls", f"http://{at}:{peer}",
+                         "--initial-advertise-peer-urls", f"http://{at}:{peer}",
+                         "--initial-cluster", cluster, "--initial-cluster-state", "new"] + tls,
                 stdout=open(data / f"m{i}.log", "w"), stderr=subprocess.STDOUT))
         deadline = time.monotonic() + 60
         up = set()
@@ -78,7 +95,7 @@ def start_etcd(data, members=1, host="127.0.0.1", certs=None):
                 p.poll() is None for p in procs):
             for i, (client, _) in enumerate(ports):
                 try:
-                    etcd_call(client, "/v3/kv/range", {"key": "eA=="}, host, certs)
+                    etcd_call(client, "/v3/kv/range", {"key": "eA=="}, hosts[i], certs)
                     up.add(i)
                 except OSError:
                     pass

@@ -369,7 +369,8 @@ def ledger_lines(prefix):
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
                     reason="needs root and iproute2")
-@pytest.mark.parametrize("fault", ["host-killed", "cut-off-from-etcd", "paused"])
+@pytest.mark.parametrize("fault", ["host-killed", "cut-off-from-etcd", "paused",
+                                   "host-killed-etcd-on-three-hosts"])
 def test_a_standby_on_another_host_adopts_the_ssh_workers_of_a_lost_leader(
         elastic_run, example, fault_free_hash, tmp_path, fault):
     """Four namespace hosts: two with workers (launched over ssh), the leader's and the
@@ -381,17 +382,36 @@ def test_a_standby_on_another_host_adopts_the_ssh_workers_of_a_lost_leader(
     workers (soak seed 266509692: its launches' watchers ended them, after their agents had
     removed the ride-out file). Each time the standby, on another host, must lead, attach to
     the same worker processes over ssh, and finish the job fault-free with them alone, leaving
-    nothing on any host."""
-    with namespace_hosts(4) as names, sshd_on(names[:2], tmp_path) as (addrs, key):
-        members = start_etcd(tmp_path / "etcd", host=f"{SUBNET}.1")
+    nothing on any host. host-killed-etcd-on-three-hosts: etcd is a three-member cluster, each
+    member on a namespace host of its own, over TLS with client certificates (etcds://: the
+    ssh workers get theirs on the launcher's stdin); the leader's host is killed, then, once
+    the standby leads, one etcd member's host too: the job ends fault-free on the two members
+    left (with an 8 s lease, which outlasts the election of a new etcd leader)."""
+    cluster = fault == "host-killed-etcd-on-three-hosts"
+    ttl = 8 if cluster else TTL
+    with namespace_hosts(7 if cluster else 4) as names, \
+            sshd_on(names[:2], tmp_path) as (addrs, key):
+        certs, store_tls = None, []
+        if cluster:
+            certs = tmp_path / "certs"
+            members = start_etcd(tmp_path / "etcd", members=3, certs=certs,
+                                 namespaces=[(names[i], address(i)) for i in (4, 5, 6)])
+            etcd_hosts = [address(i) for i in (4, 5, 6)]
+            store_tls = ["--state-store-ca", str(certs / "ca.pem"), "--state-store-cert",
+                         str(certs / "client.pem"), "--state-store-key", str(certs / "client.key")]
+        else:
+            members = start_etcd(tmp_path / "etcd", host=f"{SUBNET}.1")
+            etcd_hosts = [f"{SUBNET}.1"]
         port = members[0][1]
+        endpoints = ",".join(f"{h}:{p}" for h, (_, p) in zip(etcd_hosts, members))
+        store = f"etcd{'s' if cluster else ''}://{endpoints}/host-test"
         book = str(tmp_path / "ledger")
 
         def driver(i, standby=False):
             return Job(["ip", "netns", "exec", names[i], elastic_run] +
                        (["--standby"] if standby else []) +
-                       ["--state-store", f"etcd://{SUBNET}.1:{port}/host-test", "--lease-ttl",
-                        str(TTL), "--state-dir", str(tmp_path / f"state{i}"), "-np", "4",
+                       ["--state-store", store] + store_tls + ["--lease-ttl",
+                        str(ttl), "--state-dir", str(tmp_path / f"state{i}"), "-np", "4",
                         "--min-np", "1", "--driver-timeout", "60",
                         "-H", ",".join(f"{a}:2" for a in addrs), "--driver-address", address(i),
                         "--ssh-port", "2222", "--ssh-identity-file", key,
@@ -405,7 +425,7 @@ def test_a_standby_on_another_host_adopts_the_ssh_workers_of_a_lost_leader(
             standby.wait_for(r"standby: the driver at .* leads the job", timeout=30)
             pids = namespace_processes(names[:2], "logistic_regression")
             assert len(pids) == 4, pids
-            if fault == "host-killed":
+            if fault in ("host-killed", "host-killed-etcd-on-three-hosts"):
                 kill_namespace(names[2])  # the leader's host, every process of it
             elif fault == "paused":
                 os.kill(leader.proc.pid, signal.SIGSTOP)
@@ -418,13 +438,16 @@ def test_a_standby_on_another_host_adopts_the_ssh_workers_of_a_lost_leader(
                    "tcp", "dport", str(port), "drop")
                 assert leader.wait(timeout=TTL + 30) == 3, leader.text()
                 assert "no longer leads the job" in leader.text(), leader.text()
-            standby.wait_for(r"this driver leads the job now", timeout=TTL + 30)
+            standby.wait_for(r"this driver leads the job now", timeout=ttl + 30)
             standby.wait_for(r"4 worker\(s\) re-attached", timeout=60)
+            if cluster:
+                kill_namespace(names[4])  # an etcd member's host
             if fault == "paused":
                 os.kill(leader.proc.pid, signal.SIGCONT)
                 assert leader.wait(timeout=30) == 3, leader.text()
             assert namespace_processes(names[:2], "logistic_regression") == pids
-            value, _ = etcd_get(port, "/host-test/leader", host=f"{SUBNET}.1")
+            value, _ = etcd_get(members[-1][1], "/host-test/leader", host=etcd_hosts[-1],
+                                certs=certs)
             assert value.startswith(address(3) + ":"), value
             assert standby.wait(timeout=120) == 0, standby.text()
         finally:
