@@ -248,7 +248,8 @@ def test_a_second_leader_is_refused_and_a_standby_ends_with_the_job(
 
 
 @pytest.mark.parametrize("args,says", [
-    (["--state-store", "http://127.0.0.1:2379/x", "--state-dir", "S"], "not an etcd:// URL"),
+    (["--state-store", "http://127.0.0.1:2379/x", "--state-dir", "S"],
+     "not an etcd:// or etcds:// URL"),
     (["--state-store", "etcd://127.0.0.1:2379", "--state-dir", "S"], "no /PREFIX"),
     (["--state-store", "etcd://127.0.0.1:99999/x", "--state-dir", "S"], "bad port"),
     (["--state-store", "etcd://127.0.0.1:2379/x"], "--state-store needs --state-dir"),
