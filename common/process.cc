@@ -17,6 +17,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 
 extern char** environ;
@@ -149,6 +151,20 @@ int RemoveShmSegmentsOf(pid_t pid) {
   return removed;
 }
 
+namespace {
+
+// A zombie, or a process being torn down: it maps nothing any more (/proc/PID/stat's state).
+bool Dead(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  size_t paren = text.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= text.size()) return false;
+  char state = text[paren + 2];
+  return state == 'Z' || state == 'X' || state == 'x';
+}
+
+}  // namespace
+
 int RemoveStaleShmSegments() {
   DIR* d = opendir("/dev/shm");
   if (d == nullptr) return 0;
@@ -161,7 +177,7 @@ int RemoveStaleShmSegments() {
     std::string digits = name.substr(8, dash - 8);
     if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
     pid_t pid = static_cast<pid_t>(std::stol(digits));
-    if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) stale.push_back(name);
+    if (pid > 0 && ((kill(pid, 0) != 0 && errno == ESRCH) || Dead(pid))) stale.push_back(name);
   }
   closedir(d);
   int removed = 0;

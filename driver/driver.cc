@@ -714,6 +714,12 @@ int Driver::Run() {
   }
   if (!opts_.state_dir.empty()) RemoveJournal(opts_.state_dir);
   RemoveKeptStatuses();
+  // Again at the end: a job killed whole just before this driver started may still have been
+  // dying at Start (a checkpoint soak, seed 895258539: a worker killed while it made its
+  // host's segment was not gone yet when the driver started again 50 ms later).
+  if (int n = RemoveStaleShmSegments(); n > 0) {
+    spdlog::info("removed {} shared-memory segment(s) of workers that are gone from /dev/shm", n);
+  }
   if (policy_->exit_code() == 0) {
     spdlog::info("elastic-run: {}", policy_->final_message());
   } else {

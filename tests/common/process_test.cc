@@ -286,8 +286,20 @@ TEST_CASE("Shared-memory segments of processes that are gone are removed, others
     REQUIRE(f != nullptr);
     std::fclose(f);
   }
-  CHECK(RemoveStaleShmSegments() >= 1);
+  // A zombie (dead, not reaped yet: kill(pid, 0) still finds it) maps nothing any more.
+  pid_t zombie = fork();
+  if (zombie == 0) _exit(0);
+  REQUIRE(zombie > 0);
+  siginfo_t info{};
+  REQUIRE(waitid(P_PID, zombie, &info, WEXITED | WNOWAIT) == 0);  // it exited, still unreaped
+  std::string zombie_segment = "/dev/shm/elastic-" + std::to_string(zombie) + "-beef";
+  FILE* z = std::fopen(zombie_segment.c_str(), "w");
+  REQUIRE(z != nullptr);
+  std::fclose(z);
+  CHECK(RemoveStaleShmSegments() >= 2);
   CHECK(access(gone.c_str(), F_OK) != 0);
+  CHECK(access(zombie_segment.c_str(), F_OK) != 0);
+  REQUIRE(waitpid(zombie, nullptr, 0) == zombie);
   CHECK(access(live.c_str(), F_OK) == 0);
   CHECK(access(other.c_str(), F_OK) == 0);
   unlink(live.c_str());

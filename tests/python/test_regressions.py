@@ -214,6 +214,36 @@ def test_a_worker_killed_before_its_segment_is_mapped_leaves_nothing_in_dev_shm(
     assert dead_segments(before) == [], out
 
 
+def test_a_segment_whose_process_dies_after_the_driver_started_is_gone_when_the_job_ends(
+        elastic_run, test_worker, tmp_path):
+    """Found by the checkpoint soak (seed 895258539): a job killed whole, then started again at
+    once; a worker killed while it made its host's segment was still dying when the new driver
+    swept /dev/shm at its start, and its segment outlived the job. The driver sweeps again at
+    the job's end. Here the owner is a process that lives when the driver starts and dies (and
+    is reaped) before the job ends."""
+    owner = subprocess.Popen(["sleep", "600"])
+    segment = f"/dev/shm/elastic-{owner.pid}-beef"
+    try:
+        with open(segment, "w"):
+            pass
+        job = Job([elastic_run, "-np", "1", test_worker, "sleep"])
+        try:
+            job.wait_for(r"sleeping pid \d+", timeout=60)
+            assert os.path.exists(segment)  # its owner lived at the driver's start
+            owner.kill()
+            owner.wait()
+            os.kill(job.proc.pid, signal.SIGTERM)  # the job ends: its driver's end
+            job.wait(timeout=60)
+        finally:
+            job.kill()
+        assert not os.path.exists(segment), job.text()
+    finally:
+        owner.kill()
+        owner.wait()
+        if os.path.exists(segment):
+            os.unlink(segment)
+
+
 def test_a_worker_that_hangs_after_training_is_killed_and_the_job_ends(elastic_run, tmp_path):
     # Found by the namespace soak: a member that never exits after its peers finished (a hang
     # in teardown: a stuck DataLoader worker, a CUDA deinit) kept the job running for good.
