@@ -32,8 +32,9 @@ int64_t Int(const json& j, const char* field) {
   return 0;
 }
 
-// What a transport error of an etcd call likely means, for the user.
-std::string Hint(httplib::Error e, bool secure) {
+}  // namespace
+
+std::string EtcdTransportHint(httplib::Error e, bool secure) {
   switch (e) {
     case httplib::Error::SSLServerVerification:
       return " (etcd's certificate is not signed by the CA of --state-store-ca, or the "
@@ -42,6 +43,8 @@ std::string Hint(httplib::Error e, bool secure) {
       return " (the TLS handshake failed: is etcd serving HTTPS, and does it ask for a "
              "client certificate? --state-store-cert, --state-store-key)";
     case httplib::Error::Read:
+    case httplib::Error::Write:  // TLS 1.3: a refused client certificate shows after the
+                                 // handshake, as a reset on the request's write or read
       return secure ? " (etcd closed the connection: does it ask for a client certificate? "
                       "--state-store-cert, --state-store-key)"
                     : " (etcd closed the connection: does it serve HTTPS? give etcds://)";
@@ -49,8 +52,6 @@ std::string Hint(httplib::Error e, bool secure) {
       return "";
   }
 }
-
-}  // namespace
 
 StatusOr<EtcdUrl> ParseEtcdUrl(const std::string& url) {
   auto bad = [&](const std::string& why) {
@@ -250,7 +251,7 @@ StatusOr<std::string> Etcd::Call(const std::string& path, const std::string& bod
     auto res = cli.Post(path.c_str(), body, "application/json");
     if (!res) {
       errors += (errors.empty() ? "" : "; ") + ep + ": " + httplib::to_string(res.error()) +
-                Hint(res.error(), url_.secure);
+                EtcdTransportHint(res.error(), url_.secure);
       continue;
     }
     if (res->status != 200) {

@@ -18,6 +18,10 @@
 #include "common/status.h"
 #include "common/tls.h"
 
+namespace httplib {
+enum class Error;
+}
+
 namespace elastic {
 
 struct EtcdUrl {
@@ -38,6 +42,10 @@ StatusOr<EtcdUrl> ParseEtcdUrl(const std::string& url);
 // RFC 4648 base64 (etcd's JSON carries keys and values so); Base64Decode fails on bad input.
 std::string Base64Encode(const std::string& bytes);
 StatusOr<std::string> Base64Decode(const std::string& text);
+
+// What a transport failure of an etcd call likely means, for the user: " (...)" naming the
+// flag to check, or "" when there is nothing to add. `secure` is EtcdUrl::secure.
+std::string EtcdTransportHint(httplib::Error error, bool secure);
 
 class Etcd {
  public:

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <httplib.h>
 #include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
@@ -323,6 +324,12 @@ TEST_CASE("etcd over TLS: only with its CA and a client certificate it trusts", 
     INFO(url.text << " " << got.status().ToString());
     CHECK_FALSE(got.ok());
   }
+  // Each refusal says what to check, however it shows: a refused client certificate fails the
+  // handshake (TLS 1.2), or the request's read or write after it (TLS 1.3).
+  CHECK_THAT(Etcd(no_cert, std::chrono::milliseconds(500)).Get("k").status().message(),
+             Catch::Contains("client certificate"));
+  CHECK_THAT(Etcd(other_ca, std::chrono::milliseconds(500)).Get("k").status().message(),
+             Catch::Contains("--state-store-ca"));
   EtcdUrl wrong_key = etcd.Url("tls-job");
   wrong_key.tls.key = Slurp(certs + "other-ca.key");
   auto mismatched = Etcd(wrong_key).Get("k");
@@ -331,6 +338,23 @@ TEST_CASE("etcd over TLS: only with its CA and a client certificate it trusts", 
   EtcdUrl garbage = etcd.Url("tls-job");
   garbage.tls.ca = "-----BEGIN CERTIFICATE-----\nnot one\n-----END CERTIFICATE-----\n";
   CHECK_THAT(Etcd(garbage).Get("k").status().message(), Catch::Contains("no PEM certificate"));
+}
+
+TEST_CASE("etcd: a transport failure's hint names what to check, however TLS shows it") {
+  // A CI run saw a refused client certificate fail the request's write, not its read: every
+  // way a connection can end after the handshake must point at the certificate.
+  for (httplib::Error e :
+       {httplib::Error::SSLConnection, httplib::Error::Read, httplib::Error::Write}) {
+    INFO(httplib::to_string(e));
+    CHECK_THAT(EtcdTransportHint(e, true), Catch::Contains("--state-store-cert"));
+  }
+  for (httplib::Error e : {httplib::Error::Read, httplib::Error::Write}) {
+    INFO(httplib::to_string(e));
+    CHECK_THAT(EtcdTransportHint(e, false), Catch::Contains("give etcds://"));
+  }
+  CHECK_THAT(EtcdTransportHint(httplib::Error::SSLServerVerification, true),
+             Catch::Contains("--state-store-ca"));
+  CHECK(EtcdTransportHint(httplib::Error::Success, true).empty());
 }
 
 TEST_CASE("etcd: URLs are checked and bounded") {
