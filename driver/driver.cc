@@ -207,9 +207,15 @@ Status Driver::ChooseTls(const std::string& bind) {
     }
     return Status::Ok();
   }
-  bool on = opts_.tls == "on" || (opts_.tls == "auto" && bind.rfind("127.", 0) != 0);
+  bool on = opts_.tls == "on" || (opts_.tls == "auto" && !IsLoopback(bind));
+  if (!on && opts_.metrics_port >= 0 && !IsLoopback(opts_.metrics_address)) {
+    return InvalidArgument("--metrics-address " + opts_.metrics_address +
+                           " is beyond loopback, where /metrics and /status are served only "
+                           "over TLS with the job token, and TLS is off; give --tls on, or a "
+                           "loopback --metrics-address (the default, 127.0.0.1)");
+  }
   if (!on) {
-    if (bind.rfind("127.", 0) != 0) {
+    if (!IsLoopback(bind)) {
       spdlog::warn("--tls off: the job token and the job's state cross the network in clear");
     }
     return Status::Ok();
@@ -235,7 +241,7 @@ Status Driver::StartServer(bool all_local) {
   // host is this machine), on --driver-address when it is an IPv4 address, else everywhere.
   in_addr numeric;
   std::string bind = "0.0.0.0";
-  if (host == "localhost" || host.rfind("127.", 0) == 0) {
+  if (IsLoopback(host)) {
     bind = "127.0.0.1";
   } else if (inet_pton(AF_INET, host.c_str(), &numeric) == 1) {
     bind = host;
@@ -287,16 +293,18 @@ Status Driver::PublishJob(const std::string& host) {
   }
   if (opts_.metrics_port >= 0) {
     const std::string& at = opts_.metrics_address;
-    auto metrics = MetricsServer::Start(&monitor_, at, opts_.metrics_port);
+    // Beyond loopback, /metrics and /status tell the job's state to whoever asks: only over
+    // the job's TLS, to a client with its certificate and the token (docs/security.md).
+    MetricsAccess access;
+    if (!IsLoopback(at)) access = MetricsAccess{tls_.server, token_};
+    auto metrics = MetricsServer::Start(&monitor_, at, opts_.metrics_port, access);
     if (!metrics.ok()) return metrics.status();
     metrics_ = std::move(metrics).value();
-    spdlog::info("metrics on http://{}:{}/metrics", at == "0.0.0.0" ? host : at,
-                 metrics_->port());
-    if (at.rfind("127.", 0) != 0) {
-      spdlog::warn("--metrics-address {}: /metrics and /status are plain HTTP without the job "
-                   "token, open to anyone who reaches this address",
-                   at);
-    }
+    spdlog::info("metrics on {}://{}:{}/metrics{}", access.tls.empty() ? "http" : "https",
+                 at == "0.0.0.0" ? host : at, metrics_->port(),
+                 access.tls.empty() ? ""
+                                    : " (a client certificate of the job's CA and the job token "
+                                      "required: `elastic-run credentials` writes them)");
   }
   return Status::Ok();
 }
@@ -364,7 +372,7 @@ void Driver::Launch(Worker& w, bool spare) {
       spec.stderr_file = out_.WorkerFile(w.slot, 2);
     }
   } else {
-    if (driver_addr_.rfind("127.", 0) == 0 && !warned_loopback_) {
+    if (IsLoopback(driver_addr_) && !warned_loopback_) {
       warned_loopback_ = true;
       spdlog::warn(
           "remote slot {} will dial the driver at {}, a loopback address; pass "

@@ -289,6 +289,11 @@ Status CheckTemplate(const std::string& tmpl) {
   return Status::Ok();
 }
 
+bool IsLoopback(const std::string& address) {
+  return address == "localhost" || address.rfind("localhost:", 0) == 0 ||
+         address.rfind("127.", 0) == 0;
+}
+
 Status CheckDriverAddress(const std::string& address) {
   auto bad = [&](const std::string& why) {
     return InvalidArgument("--driver-address '" + address + "': " + why +

@@ -77,4 +77,7 @@ Status CheckTemplate(const std::string& tmpl);
 // (that is --port). INVALID_ARGUMENT naming what is wrong and how to fix it.
 Status CheckDriverAddress(const std::string& address);
 
+// Whether an address (or "address:port") is this machine's loopback: "localhost" or 127.*.
+bool IsLoopback(const std::string& address);
+
 }  // namespace elastic::driver

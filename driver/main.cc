@@ -29,6 +29,7 @@ constexpr const char* kVersion = "0.1.0";
 constexpr const char* kExamples = R"(
 Subcommands:
   elastic-run status [--job-file F] [--json]   what a running job is doing
+  elastic-run credentials --out DIR            a running job's token and TLS client files
 
 Examples:
   # 4 workers on this machine
@@ -86,6 +87,26 @@ int StatusMain(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
   return elastic::driver::RunStatusCommand(job_file, json);
+}
+
+int CredentialsMain(int argc, char** argv) {
+  CLI::App app{
+      "elastic-run credentials: writes what a client of a running job's driver presents (the\n"
+      "job token; with TLS the job's CA, a client certificate and its key), e.g. for a\n"
+      "Prometheus that scrapes a --metrics-address beyond loopback."};
+  std::string job_file, out;
+  app.add_option("--job-file", job_file,
+                 "The job file the driver wrote (default: the only running job's, under "
+                 "$XDG_RUNTIME_DIR/elastic-run/ or /tmp/elastic-run-<uid>/)");
+  app.add_option("--out", out, "Folder to write token, ca.pem, client.pem, client.key to")
+      ->required();
+  try {
+    app.parse(argc - 1, argv + 1);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  return elastic::driver::RunCredentialsCommand(job_file, out);
 }
 
 namespace {
@@ -207,8 +228,10 @@ void AddStateOptions(CLI::App& app, CommandLine& c) {
       ->check(CLI::Range(0, 65535));
   app.add_option("--metrics-address", o.metrics_address,
                  "IPv4 address the metrics endpoint listens on (default 127.0.0.1: this "
-                 "machine alone; 0.0.0.0: every interface). It is plain HTTP without the job "
-                 "token: see docs/security.md")
+                 "machine alone, plain HTTP; 0.0.0.0: every interface). Beyond loopback it "
+                 "is HTTPS with the job's certificate, and asks for a client certificate of "
+                 "the job's CA and the job token (needs TLS: `elastic-run credentials` writes "
+                 "them; docs/security.md)")
       ->check(CLI::ValidIPV4);
   app.add_option("--job-file", o.job_file,
                  "Where to write the job file `elastic-run status` reads (default: "
@@ -593,6 +616,7 @@ int main(int argc, char** argv) {
     return elastic::RunStatusKeeper(argc, argv);
   }
   if (argc > 1 && std::string(argv[1]) == "status") return StatusMain(argc, argv);
+  if (argc > 1 && std::string(argv[1]) == "credentials") return CredentialsMain(argc, argv);
   // Before any thread exists: the driver receives these through a signalfd.
   elastic::driver::BlockDriverSignals();
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -355,19 +356,19 @@ namespace {
 
 // The job file to ask: `job_file`, else the only running job's. 0, or the exit status when
 // there is none or more than one (said on stderr).
-int FindJobFile(const std::string& job_file, std::string* out) {
+int FindJobFile(const std::string& job_file, std::string* out,
+                const char* who = "elastic-run status") {
   std::string path = job_file;
   if (path.empty()) {
     std::string dir = DefaultJobDir();
     auto live = LiveJobFiles(dir);
     if (live.empty()) {
-      std::fprintf(stderr, "elastic-run status: no running job found in %s (give --job-file)\n",
+      std::fprintf(stderr, "%s: no running job found in %s (give --job-file)\n", who,
                    dir.c_str());
       return 1;
     }
     if (live.size() > 1) {
-      std::fprintf(stderr, "elastic-run status: %zu jobs run; pick one with --job-file:\n",
-                   live.size());
+      std::fprintf(stderr, "%s: %zu jobs run; pick one with --job-file:\n", who, live.size());
       for (const auto& f : live) std::fprintf(stderr, "  %s\n", f.c_str());
       return 2;
     }
@@ -521,6 +522,49 @@ int RunStatusCommand(const std::string& job_file, bool as_json) {
   PrintMembers(s);
   PrintSparesCheckpointsBlacklist(s);
   PrintRecoveries(s);
+  return 0;
+}
+
+int RunCredentialsCommand(const std::string& job_file, const std::string& out_dir) {
+  const char* who = "elastic-run credentials";
+  std::string path;
+  if (int code = FindJobFile(job_file, &path, who); code != 0) return code;
+  auto job = ReadJobFileAt(path);
+  if (!job.ok()) {
+    std::fprintf(stderr, "%s: %s is not a job file (%s)\n", who, path.c_str(),
+                 job.status().message().c_str());
+    return 2;
+  }
+  if (mkdir(out_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    std::fprintf(stderr, "%s: cannot make %s: %s\n", who, out_dir.c_str(), std::strerror(errno));
+    return 1;
+  }
+  std::vector<std::pair<std::string, std::string>> files = {{"token", job->token}};
+  if (!job->tls.empty()) {
+    files.insert(files.end(),
+                 {{"ca.pem", job->tls.ca}, {"client.pem", job->tls.cert}, {"client.key", job->tls.key}});
+  }
+  for (const auto& [name, text] : files) {
+    // 0600: the key and the token are the job's secrets.
+    Status wrote = WriteFileAtomically(out_dir + "/" + name, text, 0600);
+    if (!wrote.ok()) {
+      std::fprintf(stderr, "%s: %s\n", who, wrote.message().c_str());
+      return 1;
+    }
+  }
+  std::printf("wrote the job's %s to %s/ (mode 0600)\n",
+              job->tls.empty() ? "token (the job runs without TLS)"
+                               : "token, CA, client certificate and key",
+              out_dir.c_str());
+  if (!job->tls.empty()) {
+    std::printf(
+        "a --metrics-address beyond loopback serves HTTPS for the name %s; e.g.\n"
+        "  curl --cacert %s/ca.pem --cert %s/client.pem --key %s/client.key \\\n"
+        "       -H \"Authorization: Bearer $(cat %s/token)\" \\\n"
+        "       --connect-to %s:<port>:<metrics address>:<port> https://%s:<port>/metrics\n",
+        kTlsServerName, out_dir.c_str(), out_dir.c_str(), out_dir.c_str(), out_dir.c_str(),
+        kTlsServerName, kTlsServerName);
+  }
   return 0;
 }
 

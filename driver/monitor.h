@@ -57,6 +57,12 @@ Status WriteJobFile(const std::string& path, const std::string& address, const s
 // (0; 1 when no driver answers; 2 for a bad or ambiguous job file).
 int RunStatusCommand(const std::string& job_file, bool json);
 
+// `elastic-run credentials [--job-file F] --out DIR`: writes the job's token and, when it runs
+// TLS, the CA, client certificate and key a client of /metrics beyond loopback presents
+// (docs/security.md), each mode 0600 in DIR (made 0700 when missing). The exit code: 0; 1 when
+// a file cannot be written; 2 for a bad or ambiguous job file.
+int RunCredentialsCommand(const std::string& job_file, const std::string& out_dir);
+
 // What a job file says (WriteJobFile): where the driver listens and its token.
 struct JobFile {
   std::string address, token;
