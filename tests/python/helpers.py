@@ -3,8 +3,29 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
+
+PY = sys.executable  # the environment scripts/test.sh installs the package into
+
+
+def py_env():
+    """The environment of a Python worker: this one's, with ELASTIC_PYTHONPATH (a build tree
+    instead of the install) as PYTHONPATH when it is set."""
+    env = dict(os.environ)
+    extra = os.environ.get("ELASTIC_PYTHONPATH")
+    if extra:
+        env["PYTHONPATH"] = extra
+    return env
+
+
+def max_diff(a_path, b_path):
+    """The largest difference between two saved torch state_dicts' tensors."""
+    import torch
+    a, b = torch.load(a_path), torch.load(b_path)
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
 class Job:

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from etcd_server import etcd_get, free_port, start_etcd, stop_etcd
-from helpers import Job, end_jobs as end, procs_with_marker, run
+from helpers import PY, Job, end_jobs as end, max_diff, procs_with_marker, py_env, run
 import ledger
 from netns_hosts import SUBNET, address, kill_namespace, namespace_hosts, namespace_processes, \
     sh, sshd_on
@@ -21,6 +21,10 @@ from netns_hosts import SUBNET, address, kill_namespace, namespace_hosts, namesp
 EPOCHS = 12
 SAMPLES = 4096
 TTL = 3
+DIGITS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__)))), "examples", "train_digits.py")
+DIGITS_SAMPLES = 1500  # its training split
+TORCH_EPOCHS = 6
 
 
 @pytest.fixture(scope="module")
@@ -371,7 +375,8 @@ def ledger_lines(prefix):
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
                     reason="needs root and iproute2")
 @pytest.mark.parametrize("fault", ["host-killed", "cut-off-from-etcd", "paused",
-                                   "host-killed-etcd-on-three-hosts"])
+                                   "host-killed-etcd-on-three-hosts",
+                                   "host-killed-with-a-pytorch-job"])
 def test_a_standby_on_another_host_adopts_the_ssh_workers_of_a_lost_leader(
         elastic_run, example, fault_free_hash, tmp_path, fault):
     """Four namespace hosts: two with workers (launched over ssh), the leader's and the
@@ -387,9 +392,20 @@ def test_a_standby_on_another_host_adopts_the_ssh_workers_of_a_lost_leader(
     member on a namespace host of its own, over TLS with client certificates (etcds://: the
     ssh workers get theirs on the launcher's stdin); the leader's host is killed, then, once
     the standby leads, one etcd member's host too: the job ends fault-free on the two members
-    left (with an 8 s lease, which outlasts the election of a new etcd leader)."""
+    left (with an 8 s lease, which outlasts the election of a new etcd leader).
+    host-killed-with-a-pytorch-job: a PyTorch job (examples/train_digits.py, its own leader
+    on the same host and its own standby) trains beside the C++ one when the host is killed;
+    both standbys lead, and the PyTorch job too ends with the same two worker processes, the
+    exactly-once ledger and the model of a fault-free run."""
     cluster = fault == "host-killed-etcd-on-three-hosts"
+    with_torch = fault == "host-killed-with-a-pytorch-job"
     ttl = 8 if cluster else TTL
+    torch_book, saved = str(tmp_path / "torch-ledger"), str(tmp_path / "model.pt")
+    if with_torch:  # the fault-free model, first: two local workers, no fault
+        reference = str(tmp_path / "fault-free.pt")
+        rc, out = run([elastic_run, "-np", "2", PY, DIGITS, "--epochs", str(TORCH_EPOCHS),
+                       "--save", reference], env=py_env(), timeout=300)
+        assert rc == 0, out
     with namespace_hosts(7 if cluster else 4) as names, \
             sshd_on(names[:2], tmp_path) as (addrs, key):
         certs, store_tls = None, []
@@ -408,25 +424,39 @@ def test_a_standby_on_another_host_adopts_the_ssh_workers_of_a_lost_leader(
         store = f"etcd{'s' if cluster else ''}://{endpoints}/host-test"
         book = str(tmp_path / "ledger")
 
-        def driver(i, standby=False):
+        def driver(i, standby=False, torch=False):
+            if torch:  # one worker on each host
+                job = [store + "-torch", f"state{i}-torch", "2", ",".join(addrs), PY, DIGITS,
+                       "--epochs", str(TORCH_EPOCHS), "--step-ms", "40", "--ledger",
+                       torch_book, "--save", saved]
+            else:
+                job = [store, f"state{i}", "4", ",".join(f"{a}:2" for a in addrs), example,
+                       "--epochs", str(EPOCHS), "--step-ms", "10", "--ledger", book]
             return Job(["ip", "netns", "exec", names[i], elastic_run] +
                        (["--standby"] if standby else []) +
-                       ["--state-store", store] + store_tls + ["--lease-ttl",
-                        str(ttl), "--state-dir", str(tmp_path / f"state{i}"), "-np", "4",
-                        "--min-np", "1", "--driver-timeout", "60",
-                        "-H", ",".join(f"{a}:2" for a in addrs), "--driver-address", address(i),
-                        "--ssh-port", "2222", "--ssh-identity-file", key,
-                        example, "--epochs", str(EPOCHS), "--step-ms", "10", "--ledger", book])
+                       ["--state-store", job[0]] + store_tls + ["--lease-ttl",
+                        str(ttl), "--state-dir", str(tmp_path / job[1]), "-np", job[2],
+                        "--min-np", "1", "--driver-timeout", "60", "-H", job[3],
+                        "--driver-address", address(i),
+                        "--ssh-port", "2222", "--ssh-identity-file", key] + job[4:],
+                       env=py_env())
 
-        leader = standby = None
+        leader = standby = torch_leader = torch_standby = None
         try:
             leader = driver(2)
+            if with_torch:
+                torch_leader = driver(2, torch=True)
+                torch_leader.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=120)
+                torch_standby = driver(3, standby=True, torch=True)
+                torch_standby.wait_for(r"standby: the driver at .* leads the job", timeout=30)
+                torch_pids = namespace_processes(names[:2], os.path.basename(PY))
+                assert len(torch_pids) == 2, torch_pids
             leader.wait_for(r"\[0\]<stdout>:epoch 1 done", timeout=90)
             standby = driver(3, standby=True)
             standby.wait_for(r"standby: the driver at .* leads the job", timeout=30)
             pids = namespace_processes(names[:2], "logistic_regression")
             assert len(pids) == 4, pids
-            if fault in ("host-killed", "host-killed-etcd-on-three-hosts"):
+            if fault.startswith("host-killed"):
                 kill_namespace(names[2])  # the leader's host, every process of it
             elif fault == "paused":
                 os.kill(leader.proc.pid, signal.SIGSTOP)
@@ -451,12 +481,21 @@ def test_a_standby_on_another_host_adopts_the_ssh_workers_of_a_lost_leader(
                                 certs=certs)
             assert value.startswith(address(3) + ":"), value
             assert standby.wait(timeout=120) == 0, standby.text()
+            if with_torch:
+                torch_standby.wait_for(r"this driver leads the job now", timeout=ttl + 30)
+                torch_standby.wait_for(r"2 worker\(s\) re-attached", timeout=60)
+                assert namespace_processes(names[:2], os.path.basename(PY)) == torch_pids
+                assert torch_standby.wait(timeout=180) == 0, torch_standby.text()
         finally:
-            for job in (leader, standby):
+            for job in (leader, standby, torch_leader, torch_standby):
                 if job:
                     job.kill()
             stop_etcd(members)
         check_fault_free(book, standby.text(), fault_free_hash)
+        if with_torch:
+            problems = ledger.check(torch_book, DIGITS_SAMPLES, TORCH_EPOCHS, max_rollback=0)
+            assert not problems, "\n".join(problems)
+            assert max_diff(saved, reference) < 1e-4
         # The same four processes trained to the end: one ledger each, none started again.
         assert len(glob.glob(book + ".*")) == 4, glob.glob(book + ".*")
         deadline = time.monotonic() + 15

@@ -5,27 +5,15 @@ import os
 import re
 import signal
 import subprocess
-import sys
 
 import pytest
 
 import ledger
-from helpers import Job, run, wait_gone
+from helpers import PY, Job, py_env, run, wait_gone
 from test_elastic import events, worker_pid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKERS = os.path.join(HERE, "workers")
-PY = sys.executable  # the environment scripts/test.sh installs the package into
-
-
-def py_env():
-    env = dict(os.environ)
-    extra = os.environ.get("ELASTIC_PYTHONPATH")  # a build tree instead of the install
-    if extra:
-        env["PYTHONPATH"] = extra
-    return env
-
-
 def test_the_package_imports_without_pythonpath():
     env = py_env()
     p = subprocess.run([PY, "-c", "import elastic, sys; print(elastic.__file__)"], env=env,

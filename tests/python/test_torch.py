@@ -11,20 +11,12 @@ import signal
 import pytest
 
 import ledger
-from helpers import Job, run
+from helpers import PY, Job, max_diff, py_env, run
 from test_elastic import Discovery, events, wait_event, worker_pid
-from test_python_api import PY, py_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "train_digits.py")
 TRAIN = 1500  # training samples of the digits split
-
-
-def max_diff(a_path, b_path):
-    import torch
-    a, b = torch.load(a_path), torch.load(b_path)
-    assert a.keys() == b.keys()
-    return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
 @pytest.fixture(scope="module")
