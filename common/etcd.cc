@@ -299,6 +299,17 @@ StatusOr<int64_t> Etcd::KeepAlive(int64_t lease) {
   }
 }
 
+StatusOr<int64_t> Etcd::TimeToLive(int64_t lease) {
+  ASSIGN_OR_RETURN(std::string body,
+                   Call("/v3/lease/timetolive", json{{"ID", std::to_string(lease)}}.dump()));
+  try {
+    json j = json::parse(body);
+    return Int(j, "TTL");  // 0 when etcd leaves the field out
+  } catch (const std::exception& e) {
+    return Internal(std::string("etcd's timetolive: ") + e.what());
+  }
+}
+
 Status Etcd::Revoke(int64_t lease) {
   auto body = Call("/v3/lease/revoke", json{{"ID", std::to_string(lease)}}.dump());
   return body.ok() ? Status::Ok() : body.status();

@@ -67,6 +67,8 @@ class Etcd {
   // Renews it; the seconds it has left, 0 when it is gone (expired or revoked).
   StatusOr<int64_t> KeepAlive(int64_t lease);
   Status Revoke(int64_t lease);
+  // The whole seconds a lease has left, without renewing it; -1 (or 0) when it is gone.
+  StatusOr<int64_t> TimeToLive(int64_t lease);
 
   // The key's value, nullopt when it does not exist. `revision` (if given) gets the store's
   // revision at the read.

@@ -142,6 +142,9 @@ class AgentImpl final : public Agent {
   // Looks the job's leading driver up in store_ and dials it when it moved (follower_).
   void FollowLeader();
   std::thread follower_;
+  // The follower's next lookup: not before the lease of the leader it last read could run out;
+  // since when it has found no leader (follower_ alone touches them).
+  TimePoint next_lookup_{}, no_leader_since_{};
   rendezvous::Assignment assignment_;
   std::atomic<int64_t> current_round_{-1};
   std::atomic<int64_t> changing_round_{-1};  // newest round the driver said is changing
