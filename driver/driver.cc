@@ -197,22 +197,36 @@ Status Driver::SetUpOutput() {
 }
 
 Status Driver::ChooseTls(const std::string& bind) {
+  bool on;
   if (resume_) {  // the workers that still run dial as they were told at their launch
-    tls_ = resume_->tls;
-    bool on = !tls_.server.empty();
+    on = !resume_->tls.server.empty();
     if ((opts_.tls == "on" && !on) || (opts_.tls == "off" && on)) {
       spdlog::warn("--tls {} is not what the adopted job runs: its workers speak {}; keeping "
                    "that (pass --fresh to start the job afresh with --tls {})",
                    opts_.tls, on ? "TLS" : "plain text", opts_.tls);
     }
-    return Status::Ok();
+  } else {
+    on = opts_.tls == "on" || (opts_.tls == "auto" && !IsLoopback(bind));
   }
-  bool on = opts_.tls == "on" || (opts_.tls == "auto" && !IsLoopback(bind));
+  // Beyond loopback, /metrics and /status need the job's TLS. A new job without it is refused;
+  // a driver that adopts such a job (a standby's options may differ from its leader's) must
+  // not leave it for that, and serves them on loopback.
   if (!on && opts_.metrics_port >= 0 && !IsLoopback(opts_.metrics_address)) {
-    return InvalidArgument("--metrics-address " + opts_.metrics_address +
-                           " is beyond loopback, where /metrics and /status are served only "
-                           "over TLS with the job token, and TLS is off; give --tls on, or a "
-                           "loopback --metrics-address (the default, 127.0.0.1)");
+    if (resume_) {
+      spdlog::warn("--metrics-address {}: the adopted job runs without TLS, and /metrics and "
+                   "/status are served beyond loopback only with it; serving them on 127.0.0.1",
+                   opts_.metrics_address);
+      opts_.metrics_address = "127.0.0.1";
+    } else {
+      return InvalidArgument("--metrics-address " + opts_.metrics_address +
+                             " is beyond loopback, where /metrics and /status are served only "
+                             "over TLS with the job token, and TLS is off; give --tls on, or a "
+                             "loopback --metrics-address (the default, 127.0.0.1)");
+    }
+  }
+  if (resume_) {
+    tls_ = resume_->tls;
+    return Status::Ok();
   }
   if (!on) {
     if (!IsLoopback(bind)) {

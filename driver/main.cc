@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <tuple>
 #include <set>
 #include <sstream>
@@ -69,6 +70,23 @@ const CLI::Validator kNonNegative = NumberCheck(true);
 
 }  // namespace
 
+// A subcommand's command line: its options and --job-file (the job it asks about) parsed from
+// argv after the subcommand's name, then `run`. The exit code: `run`'s, 0 after --help, 2 for
+// bad arguments.
+int RunSubcommand(CLI::App& app, std::string& job_file, int argc, char** argv,
+                  const std::function<int()>& run) {
+  app.add_option("--job-file", job_file,
+                 "The job file the driver wrote (default: the only running job's, under "
+                 "$XDG_RUNTIME_DIR/elastic-run/ or /tmp/elastic-run-<uid>/)");
+  try {
+    app.parse(argc - 1, argv + 1);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  return run();
+}
+
 // `elastic-run status [--job-file F] [--json]`
 int StatusMain(int argc, char** argv) {
   CLI::App app{
@@ -76,37 +94,23 @@ int StatusMain(int argc, char** argv) {
       "steps, blacklisted hosts, recent recoveries), asked from its driver."};
   std::string job_file;
   bool json = false;
-  app.add_option("--job-file", job_file,
-                 "The job file the driver wrote (default: the only running job's, under "
-                 "$XDG_RUNTIME_DIR/elastic-run/ or /tmp/elastic-run-<uid>/)");
   app.add_flag("--json", json, "Print the driver's JSON document instead of a table");
-  try {
-    app.parse(argc - 1, argv + 1);
-  } catch (const CLI::ParseError& e) {
-    int code = app.exit(e);
-    return code == 0 ? 0 : 2;
-  }
-  return elastic::driver::RunStatusCommand(job_file, json);
+  return RunSubcommand(app, job_file, argc, argv,
+                       [&] { return elastic::driver::RunStatusCommand(job_file, json); });
 }
 
+// `elastic-run credentials [--job-file F] --out DIR`
 int CredentialsMain(int argc, char** argv) {
   CLI::App app{
       "elastic-run credentials: writes what a client of a running job's driver presents (the\n"
       "job token; with TLS the job's CA, a client certificate and its key), e.g. for a\n"
       "Prometheus that scrapes a --metrics-address beyond loopback."};
   std::string job_file, out;
-  app.add_option("--job-file", job_file,
-                 "The job file the driver wrote (default: the only running job's, under "
-                 "$XDG_RUNTIME_DIR/elastic-run/ or /tmp/elastic-run-<uid>/)");
   app.add_option("--out", out, "Folder to write token, ca.pem, client.pem, client.key to")
       ->required();
-  try {
-    app.parse(argc - 1, argv + 1);
-  } catch (const CLI::ParseError& e) {
-    int code = app.exit(e);
-    return code == 0 ? 0 : 2;
-  }
-  return elastic::driver::RunCredentialsCommand(job_file, out);
+  return RunSubcommand(app, job_file, argc, argv, [&] {
+    return elastic::driver::RunCredentialsCommand(job_file, out);
+  });
 }
 
 namespace {

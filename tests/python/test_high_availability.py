@@ -102,16 +102,20 @@ def test_a_standby_adopts_the_workers_of_a_killed_leader_and_the_job_ends_fault_
     state, book = tmp_path / "state", str(tmp_path / "ledger")
     leader = standby = None
     try:
-        # The standby's options may differ from the leader's: here, an event log.
+        # The standby's options may differ from the leader's: here, an event log, and metrics
+        # beyond loopback, which a job without TLS cannot have: served on loopback instead.
         leader, standby = leader_then_standby(
             elastic_run, example, etcd, prefix, state, book, marker,
-            standby_extra=["--event-log", str(tmp_path / "standby.jsonl")])
+            standby_extra=["--event-log", str(tmp_path / "standby.jsonl"), "--metrics-port",
+                           "0", "--metrics-address", "0.0.0.0"])
         pids = wait_workers(marker, 2)
         os.kill(leader.proc.pid, signal.SIGKILL)
         leader.proc.wait(10)
         standby.wait_for(r"this driver leads the job now", timeout=TTL + 30)
         standby.wait_for(r"2 worker\(s\) re-attached", timeout=30)
         assert workers(marker) == pids  # the same processes: nothing started again
+        standby.wait_for(r"the adopted job runs without TLS.*serving them on 127\.0\.0\.1")
+        standby.wait_for(r"metrics on http://127\.0\.0\.1:\d+/metrics")
         value, _ = etcd_get(etcd, f"/{prefix}/leader")
         assert value.split("\n")[1] == str(standby.proc.pid), value
         assert standby.wait(timeout=120) == 0, standby.text()
