@@ -15,6 +15,8 @@
 
 #include <thread>
 
+#include "rendezvous/service.h"
+
 namespace elastic::driver {
 
 struct MetricsServer::Impl {
@@ -51,14 +53,6 @@ bool SetUpTls(SSL_CTX& ctx, const TlsIdentity& id) {
   return ok;
 }
 
-// Compares in time independent of where they differ.
-bool SameToken(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 }  // namespace
 
 StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const Monitor* monitor,
@@ -84,7 +78,7 @@ StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const Monitor* mon
     const std::string expected = "Bearer " + access.token;
     http.set_pre_routing_handler([expected](const httplib::Request& req,
                                             httplib::Response& res) {
-      if (SameToken(req.get_header_value("Authorization"), expected)) {
+      if (rendezvous::ConstantTimeEquals(req.get_header_value("Authorization"), expected)) {
         return httplib::Server::HandlerResponse::Unhandled;
       }
       res.status = 401;
