@@ -374,10 +374,46 @@ StatusOr<bool> Etcd::WriteIfHolds(const std::string& key, const std::string& val
   return Txn(c.dump(), writes);
 }
 
-Status Etcd::Put(const std::string& key, const std::string& value) {
-  auto body = Call("/v3/kv/put", json{{"key", Base64Encode(Key(key))},
-                                      {"value", Base64Encode(value)}}.dump());
+Status Etcd::Put(const std::string& key, const std::string& value, int64_t lease) {
+  json put = {{"key", Base64Encode(Key(key))}, {"value", Base64Encode(value)}};
+  if (lease != 0) put["lease"] = std::to_string(lease);
+  auto body = Call("/v3/kv/put", put.dump());
   return body.ok() ? Status::Ok() : body.status();
+}
+
+StatusOr<std::vector<std::pair<std::string, Etcd::Kv>>> Etcd::List(const std::string& key_prefix,
+                                                                  int64_t limit) {
+  // The range [prefix, prefix with its last byte one higher): every key that starts so.
+  std::string from = Key(key_prefix), end = from;
+  while (!end.empty() && static_cast<unsigned char>(end.back()) == 0xff) end.pop_back();
+  if (end.empty()) return InvalidArgument("etcd: a key prefix of 0xff bytes alone");
+  end.back() = static_cast<char>(static_cast<unsigned char>(end.back()) + 1);
+  ASSIGN_OR_RETURN(std::string body,
+                   Call("/v3/kv/range", json{{"key", Base64Encode(from)},
+                                             {"range_end", Base64Encode(end)},
+                                             {"limit", std::to_string(limit)}}
+                                            .dump()));
+  std::vector<std::pair<std::string, Kv>> out;
+  try {
+    json j = json::parse(body);
+    if (!j.contains("kvs")) return out;
+    const size_t strip = url_.prefix.size() + 1;
+    for (const json& kv : j["kvs"]) {
+      if (static_cast<int64_t>(out.size()) >= limit) break;
+      ASSIGN_OR_RETURN(std::string key, Base64Decode(kv.value("key", std::string())));
+      Kv v;
+      if (kv.contains("value")) {
+        ASSIGN_OR_RETURN(v.value, Base64Decode(kv["value"].get<std::string>()));
+      }
+      v.create_revision = Int(kv, "create_revision");
+      v.mod_revision = Int(kv, "mod_revision");
+      v.lease = Int(kv, "lease");
+      out.emplace_back(key.size() >= strip ? key.substr(strip) : key, std::move(v));
+    }
+  } catch (const std::exception& e) {
+    return Internal(std::string("etcd's range: ") + e.what());
+  }
+  return out;
 }
 
 Status Etcd::Delete(const std::string& key) {

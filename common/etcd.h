@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/clock.h"
@@ -78,8 +79,13 @@ class Etcd {
   // The writes, atomically, only if `key` exists and holds `value`; whether they were made.
   StatusOr<bool> WriteIfHolds(const std::string& key, const std::string& value,
                               const std::vector<Write>& writes);
-  Status Put(const std::string& key, const std::string& value);
+  // `lease` != 0: the key lives as long as that lease.
+  Status Put(const std::string& key, const std::string& value, int64_t lease = 0);
   Status Delete(const std::string& key);
+  // The keys that start with `key_prefix` (relative, as Get's), with their values, in key
+  // order: at most `limit` of them (etcd's own limit; the rest are not read).
+  StatusOr<std::vector<std::pair<std::string, Kv>>> List(const std::string& key_prefix,
+                                                          int64_t limit);
 
   const EtcdUrl& url() const { return url_; }
 

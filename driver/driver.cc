@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <climits>
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -152,6 +153,18 @@ Status Driver::Start() {
       if (write(wake_fd_, &one, sizeof one) < 0) {
       }
     });
+    if (opts_.drivers > 1) {
+      StandbyPlacer::Options po;
+      po.drivers = opts_.drivers;
+      po.ttl_seconds = opts_.lease_ttl;
+      po.own_address = driver_addr_.substr(0, driver_addr_.rfind(':'));
+      po.log_dir = opts_.state_dir;
+      po.list = [this] { return ListStandbys(leadership_->store()); };
+      po.launch = [this](const std::string& host, const std::function<bool()>& stop) {
+        return LaunchStandby(host, stop);
+      };
+      placer_ = std::make_unique<StandbyPlacer>(std::move(po));
+    }
   }
   if (resume_) {
     Adopt();
@@ -431,6 +444,25 @@ void Driver::Launch(Worker& w, bool spare) {
   }
   spdlog::debug("started slot {} as pid {}", w.slot, w.proc->pid());
   policy_->OnLaunched(w.slot, w.proc->pid());
+}
+
+StatusOr<int64_t> Driver::LaunchStandby(const std::string& host,
+                                         const std::function<bool()>& stop) {
+  char exe[PATH_MAX] = {0}, cwd[PATH_MAX] = {0};
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return Internal(std::string("readlink /proc/self/exe: ") + strerror(errno));
+  exe[n] = '\0';
+  // The same program, folder and options on the host (as a worker's command), less what
+  // names this machine alone; etcd's credentials on the launcher's stdin, never in argv.
+  std::string script =
+      StandbyScript(getcwd(cwd, sizeof cwd) ? cwd : "/", exe,
+                    StandbyArgv(opts_.argv, opts_.command.size(), host), opts_.state_dir,
+                    StandbyLogPath(opts_.state_dir, host));
+  ASSIGN_OR_RETURN(std::string out,
+                   RunLauncher(LauncherArgv(host, script),
+                               EncodeTlsIdentity(opts_.state_store_tls) + "\n",
+                               StandbyPlacer::kLaunchDeadline, stop));
+  return ParseStandbyPid(out);
 }
 
 std::vector<std::string> Driver::LauncherArgv(const std::string& host,
@@ -716,6 +748,7 @@ int Driver::Run() {
     return s.code() == Code::kInvalidArgument ? 2 : 1;
   }
   Loop();
+  placer_.reset();  // no standby is started for a job that ends
   CheckReattached(true);  // the job ended before every adopted worker was back
   StopDumps();
   {

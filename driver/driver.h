@@ -114,6 +114,9 @@ struct DriverOptions {
   TlsIdentity state_store_tls;
   bool standby = false;  // --standby: wait, then take over from the leader when it goes
   int lease_ttl = 5;     // --lease-ttl, seconds: how long a silent leader still leads
+  // --drivers: the leader keeps drivers - 1 standbys waiting on other hosts of the job
+  // (driver/placement.h); 1: none.
+  int drivers = 1;
   // The command line as given, kept in the journal: a driver started on the folder with
   // another command line does not adopt its workers.
   std::vector<std::string> argv;

@@ -28,6 +28,7 @@
 #include "driver/metrics_http.h"
 #include "driver/monitor.h"
 #include "driver/output.h"
+#include "driver/placement.h"
 #include "driver/policy.h"
 #include "rendezvous/rendezvous.h"
 
@@ -246,6 +247,9 @@ class Driver : public rendezvous::Listener {
   // Ends the dumps still running (the job is over) and joins their threads.
   void StopDumps();
   void DiscoveryLoop();
+  // --drivers: starts a standby driver on `host` through the launcher (driver/placement.h);
+  // its pid there. Runs on the placer's thread: reads only what does not change after Start.
+  StatusOr<int64_t> LaunchStandby(const std::string& host, const std::function<bool()>& stop);
   // Prints what local workers wrote to their output files since the last call.
   void FollowFiles(std::vector<char>& buf);
 
@@ -286,6 +290,8 @@ class Driver : public rendezvous::Listener {
   std::map<std::string, std::pair<int, std::string>> ended_at_resume_;
   std::optional<Journal> resume_;  // the journal of the job this driver adopts
   std::unique_ptr<Leadership> leadership_;  // --state-store: while this driver leads
+  std::unique_ptr<StandbyPlacer> placer_;   // --drivers > 1: while this driver leads
+  std::vector<std::string> placer_hosts_;   // what the placer was told last (the loop's)
   std::optional<Leadership::Ended> standby_ended_;
   std::string bind_;               // where the server listens (kept in the journal)
   int64_t restarts_ = 0;           // drivers that adopted this job before and with this one

@@ -34,7 +34,20 @@ void Driver::Loop() {
         SteadyClock::now() >= resumed_at_ + opts_.rendezvous_timeout) {
       CheckReattached(true);
     }
-    monitor_.Update(policy_->View());
+    JobView view = policy_->View();
+    if (placer_) {
+      // The hosts of the formed round, rank order: where standbys go (--drivers).
+      std::vector<std::string> hosts;
+      for (const auto& m : view.members) {
+        if (std::find(hosts.begin(), hosts.end(), m.host) == hosts.end()) hosts.push_back(m.host);
+      }
+      if (policy_->shutting_down()) hosts.clear();
+      if (hosts != placer_hosts_) {
+        placer_hosts_ = hosts;
+        placer_->SetHosts(std::move(hosts));
+      }
+    }
+    monitor_.Update(view);
     // Done when shutting down and every process is reaped.
     bool any_running = false;
     for (auto& [slot, w] : workers_) {

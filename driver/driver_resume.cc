@@ -33,6 +33,7 @@ Status Driver::TakeLeadership() {
   lo.store.tls = opts_.state_store_tls;
   lo.ttl_seconds = opts_.lease_ttl;
   lo.standby = opts_.standby;
+  lo.address = opts_.driver_address;
   // A standby checks the job before it leads: one it could not adopt is refused while the
   // leader may still be there (it never takes the lease for it).
   lo.check_journal = [this](const std::string& text) {

@@ -32,7 +32,67 @@ std::string HostName() {
   return name;
 }
 
+// A standby's key under PREFIX/standbys/ (driver/leadership.h), renewed every quarter TTL
+// from Take's loop, and revoked when Take returns. An etcd that does not answer is tried
+// again at the next turn; a lease that ran out meanwhile is granted again.
+class StandbyListing {
+ public:
+  StandbyListing(Etcd& store, const LeadershipOptions& options)
+      : store_(store),
+        ttl_(options.ttl_seconds),
+        key_(fmt::format("standbys/{}-{}-{}", HostName(), getpid(), Nonce())),
+        value_(nlohmann::json{{"address", options.address},
+                              {"host", HostName()},
+                              {"pid", static_cast<int64_t>(getpid())}}
+                   .dump()) {}
+  ~StandbyListing() {
+    if (lease_ != 0) (void)store_.Revoke(lease_);
+  }
+  void Renew() {
+    const auto now = SteadyClock::now();
+    if (lease_ != 0 && now - renewed_ < std::chrono::milliseconds(ttl_ * 250)) return;
+    renewed_ = now;
+    if (lease_ != 0) {
+      auto left = store_.KeepAlive(lease_);
+      if (!left.ok() || *left > 0) return;
+      lease_ = 0;  // it ran out (etcd was away longer than a TTL): listed again below
+    }
+    auto lease = store_.Grant(ttl_);
+    if (!lease.ok()) return;
+    if (store_.Put(key_, value_, *lease).ok()) {
+      lease_ = *lease;
+    } else {
+      (void)store_.Revoke(*lease);
+    }
+  }
+
+ private:
+  Etcd& store_;
+  int ttl_;
+  std::string key_, value_;
+  int64_t lease_ = 0;
+  TimePoint renewed_{};
+};
+
 }  // namespace
+
+StatusOr<std::vector<StandbyView>> ListStandbys(Etcd& store) {
+  ASSIGN_OR_RETURN(auto kvs, store.List("standbys/", 1000));
+  std::vector<StandbyView> out;
+  for (const auto& [key, kv] : kvs) {
+    try {
+      auto j = nlohmann::json::parse(kv.value);
+      StandbyView v;
+      v.address = j.value("address", std::string());
+      v.host = j.value("host", std::string());
+      v.pid = j.value("pid", int64_t{0});
+      out.push_back(std::move(v));
+    } catch (const std::exception&) {
+      spdlog::debug("the state store: {} is not a standby's listing; ignored", key);
+    }
+  }
+  return out;
+}
 
 std::string DescribeLeader(const std::string& value) {
   std::string address = Field(value, 0);
@@ -91,7 +151,10 @@ StatusOr<std::unique_ptr<Leadership>> Leadership::Take(const LeadershipOptions& 
   const std::string where = options.store.text;
   std::string said;   // the leader a standby last said it waits for
   bool waited = false;
+  std::optional<StandbyListing> listed;
+  if (options.standby) listed.emplace(store, options);
   while (true) {
+    if (listed) listed->Renew();
     auto leader = store.Get("leader");
     if (!leader.ok() && leader.status().code() == Code::kUnavailable && options.standby) {
       // A standby outlasts an etcd that is down: it may be needed once etcd is back.

@@ -11,6 +11,10 @@
 // leads, then leads and adopts the journal's workers. It ends, with the job's code, when the
 // job under the prefix has ended (PREFIX/done, written by the job's last leader with the
 // journal's removal; a driver that takes the lead removes it in the same transaction).
+//
+// While it waits, a standby is listed under PREFIX/standbys/ (HOST-PID-NONCE: its address,
+// host and pid, as JSON) with a lease of its own that it renews: the key goes when it leads,
+// ends or dies (after a TTL). The leader counts them (--drivers, driver/placement.h).
 #pragma once
 
 #include <atomic>
@@ -20,6 +24,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/etcd.h"
 #include "common/mutex.h"
@@ -30,6 +35,8 @@ struct LeadershipOptions {
   EtcdUrl store;
   int ttl_seconds = 5;
   bool standby = false;
+  // The address a standby will announce when it leads (--driver-address); it lists it.
+  std::string address;
   // A standby's check of the journal of the job it would adopt, before it takes the lease:
   // an error ends Take with it (a job this driver cannot adopt).
   std::function<Status(const std::string& journal)> check_journal;
@@ -88,6 +95,14 @@ class Leadership {
   std::atomic<int64_t> renewed_ns_{0};  // steady clock of the newest renewal that got through
   std::thread keeper_;
 };
+
+// A standby that waits (its PREFIX/standbys/ key).
+struct StandbyView {
+  std::string address, host;
+  int64_t pid = 0;
+};
+// The standbys that wait for the job (at most 1000).
+StatusOr<std::vector<StandbyView>> ListStandbys(Etcd& store);
 
 // "ADDRESS\nPID\nHOST\nNONCE" -> "ADDRESS (pid PID on HOST)".
 std::string DescribeLeader(const std::string& value);

@@ -21,6 +21,7 @@
 #include "driver/driver.h"
 #include "driver/launch.h"
 #include "driver/monitor.h"
+#include "driver/placement.h"
 #include "state/checkpoint.h"
 
 namespace {
@@ -265,6 +266,13 @@ void AddStateOptions(CLI::App& app, CommandLine& c) {
                "With --state-store: start no job; wait until the driver that leads the job is "
                "gone (its lease runs out), then adopt its workers and lead; exit with the "
                "job's code when it ends under another driver");
+  app.add_option("--drivers", o.drivers,
+                 "With --state-store: drivers to keep for the job, this one and N-1 standbys "
+                 "that it starts (--standby) through the launcher on other hosts of the job, "
+                 "one per host, and starts again when one goes; each logs to "
+                 "STATE_DIR/driver-HOST.log there (default 1: none; standbys started by hand "
+                 "count too)")
+      ->check(CLI::Range(1, elastic::driver::kMaxDrivers));
   app.add_option("--lease-ttl", o.lease_ttl,
                  "With --state-store: seconds a leading driver that stopped renewing its lease "
                  "(dead, paused, cut off from etcd) still leads; a standby takes over after it")
@@ -516,6 +524,17 @@ Status ReadStoreCredentials(const elastic::EtcdUrl& url, CommandLine& c) {
   if (c.store_cert.empty() != c.store_key.empty()) {
     return Refuse("--state-store-cert and --state-store-key go together");
   }
+  // A standby that a leader started (--drivers) gets them in its environment instead, from
+  // its launcher's stdin (driver/placement.h), as the workers do: never on a command line.
+  if (const std::string given = elastic::Env("ELASTIC_STATE_STORE_TLS");
+      !given.empty() && !any && c.o.standby) {
+    unsetenv("ELASTIC_STATE_STORE_TLS");
+    if (!url.secure) return elastic::Status::Ok();
+    auto id = elastic::DecodeTlsIdentity(given);
+    if (!id.ok()) return Refuse("ELASTIC_STATE_STORE_TLS: " + id.status().message());
+    c.o.state_store_tls = *id;
+    return elastic::Status::Ok();
+  }
   constexpr size_t kMaxPem = 64 << 10;
   for (auto [option, path, out] :
        {std::tuple<const char*, const std::string*, std::string*>{
@@ -545,8 +564,10 @@ Status PrepareFolders(const CLI::App& app, CommandLine& c) {
   DriverOptions& o = c.o;
   char real[PATH_MAX];
   if (o.fresh && o.state_dir.empty()) return Refuse("--fresh needs --state-dir");
-  if ((o.standby || app.count("--lease-ttl")) && o.state_store.empty()) {
-    return Refuse("--standby and --lease-ttl need --state-store etcd://HOST:PORT/PREFIX");
+  if ((o.standby || app.count("--lease-ttl") || app.count("--drivers")) &&
+      o.state_store.empty()) {
+    return Refuse("--standby, --lease-ttl and --drivers need --state-store "
+                  "etcd://HOST:PORT/PREFIX");
   }
   if (!o.state_store.empty()) {
     auto url = elastic::ParseEtcdUrl(o.state_store);

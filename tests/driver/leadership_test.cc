@@ -13,6 +13,7 @@
 
 #include <catch2/catch.hpp>
 #include <httplib.h>
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
@@ -279,6 +280,50 @@ TEST_CASE("leadership: a standby started after its job ended ends at once with i
   auto waits = Leadership::Take(etcd.Options("job", true), [&] { return ++asked > 20; }, &ended);
   CHECK(waits.status().code() == Code::kCancelled);
   CHECK(!ended);
+}
+
+TEST_CASE("leadership: a standby is listed while it waits, and no longer once it leads") {
+  EtcdServer etcd;
+  std::optional<Leadership::Ended> ended;
+  auto a = Leadership::Take(etcd.Options("job"), Never, &ended);
+  REQUIRE(a.ok());
+  REQUIRE((*a)->WriteJournal("j").ok());
+  (*a)->KeepAlive([](const std::string&) {});
+  Etcd store(etcd.Options("job").store);
+  REQUIRE(ListStandbys(store)->empty());
+  // Another job's standby, under a prefix that starts the same, is not this job's.
+  Etcd other(etcd.Options("job2").store);
+  REQUIRE(other.Put("standbys/x", R"({"address":"10.0.0.9"})").ok());
+  auto options = etcd.Options("job", true);
+  options.address = "10.0.0.7";
+  std::atomic<bool> stop{false};
+  StatusOr<std::unique_ptr<Leadership>> standby = Internal("not run");
+  std::thread t([&] { standby = Leadership::Take(options, [&] { return stop.load(); }, &ended); });
+  std::vector<StandbyView> seen;
+  for (int i = 0; i < 100 && seen.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    seen = *ListStandbys(store);
+  }
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].address == "10.0.0.7");
+  CHECK(seen[0].pid == getpid());
+  // Listed past its TTL (2 s): it renews its own lease while it waits.
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  CHECK(ListStandbys(store)->size() == 1);
+  // The leader goes (its lease runs out): the standby leads, and is no longer listed.
+  a->reset();
+  t.join();
+  REQUIRE(standby.ok());
+  REQUIRE(*standby);
+  CHECK(ListStandbys(store)->empty());
+  // Keys that are not a standby's listing are passed over.
+  REQUIRE(store.Put("standbys/junk", "not json").ok());
+  CHECK(ListStandbys(store)->empty());
+  // List is bounded by its limit.
+  for (int i = 0; i < 5; ++i) REQUIRE(store.Put("many/" + std::to_string(i), "v").ok());
+  CHECK(store.List("many/", 3)->size() == 3);
+  CHECK(store.List("many/", 100)->size() == 5);
+  CHECK((*store.List("many/", 100))[0].first == "many/0");
 }
 
 TEST_CASE("etcd: an endpoint that does not answer is skipped") {

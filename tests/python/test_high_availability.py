@@ -6,6 +6,7 @@ and etcd's own keys, read with its JSON API."""
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -314,7 +315,12 @@ def test_a_second_leader_is_refused_and_a_standby_ends_with_the_job(
     (["--state-store", "etcd://127.0.0.1:2379", "--state-dir", "S"], "no /PREFIX"),
     (["--state-store", "etcd://127.0.0.1:99999/x", "--state-dir", "S"], "bad port"),
     (["--state-store", "etcd://127.0.0.1:2379/x"], "--state-store needs --state-dir"),
-    (["--standby"], "--standby and --lease-ttl need --state-store"),
+    (["--standby"], "--standby, --lease-ttl and --drivers need --state-store"),
+    (["--drivers", "2"], "--standby, --lease-ttl and --drivers need --state-store"),
+    (["--state-store", "etcd://127.0.0.1:2379/x", "--state-dir", "S", "--drivers", "10"],
+     "--drivers: Value 10 not in range"),
+    (["--state-store", "etcd://127.0.0.1:2379/x", "--state-dir", "S", "--drivers", "0"],
+     "--drivers: Value 0 not in range"),
 ])
 def test_bad_high_availability_arguments_are_refused_with_exit_2(elastic_run, tmp_path, args,
                                                                  says):
@@ -561,3 +567,96 @@ def test_a_standby_on_another_host_adopts_the_ssh_workers_of_a_lost_leader(
         while namespace_processes(names) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert namespace_processes(names) == []
+
+
+def wait_file(path, pattern, timeout):
+    """Waits until the file holds a line matching `pattern`; its text."""
+    rx = re.compile(pattern)
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        try:
+            with open(path, errors="replace") as f:
+                text = f.read()
+        except OSError:
+            text = ""
+        if any(rx.search(line) for line in text.splitlines()):
+            return text
+        time.sleep(0.1)
+    raise AssertionError(f"{path}: no line matching {pattern!r}; it holds:\n{text}")
+
+
+def standbys_in(names):
+    """{namespace: [pids]} of the elastic-run processes started with --standby, from /proc."""
+    out = {}
+    for ns in names:
+        for pid in namespace_processes([ns], "elastic-run"):
+            try:
+                argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if b"--standby" in argv:
+                out.setdefault(ns, []).append(pid)
+    return out
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                    reason="needs root and iproute2")
+def test_drivers_2_places_a_standby_that_outlives_the_leaders_host_and_places_the_next(
+        elastic_run, example, fault_free_hash, tmp_path):
+    """--drivers 2, nothing started by hand: the leader (on a host of its own) starts a standby
+    over ssh on a host of the job; the leader's whole host is killed; the standby it placed
+    (which outlived it: a session of its own on its host) leads, attaches to the same four
+    worker processes, starts the next standby on the job's other host, and ends the job
+    fault-free; that standby then ends with the job, and nothing is left on any host. The
+    oracles: /proc (which processes run in which namespace), the standbys' own log files,
+    etcd's keys and the workers' ledgers."""
+    with namespace_hosts(3) as names, sshd_on(names[:2], tmp_path) as (addrs, key):
+        members = start_etcd(tmp_path / "etcd", host=f"{SUBNET}.1")
+        port = members[0][1]
+        store = f"etcd://{SUBNET}.1:{port}/placed"
+        book, state = str(tmp_path / "ledger"), tmp_path / "state"
+        leader = Job(["ip", "netns", "exec", names[2], elastic_run, "--drivers", "2",
+                      "--state-store", store, "--lease-ttl", str(TTL), "--state-dir", str(state),
+                      "-np", "4", "--min-np", "1", "--driver-timeout", "60",
+                      "-H", ",".join(f"{a}:2" for a in addrs), "--driver-address", address(2),
+                      "--ssh-port", "2222", "--ssh-identity-file", key, example,
+                      "--epochs", str(EPOCHS), "--step-ms", "20", "--ledger", book],
+                     env=py_env())
+        try:
+            placed = leader.wait_for(r"--drivers: started a standby driver on (\S+) \(pid (\d+)",
+                                     timeout=90)[0]
+            first, first_pid = placed.group(1), int(placed.group(2))
+            assert first in addrs, leader.text()
+            first_ns, other = names[addrs.index(first)], addrs[1 - addrs.index(first)]
+            log = os.path.join(state, f"driver-{first}.log")
+            wait_file(log, r"standby: the driver at .* leads the job", timeout=30)
+            # It runs on the host it was placed on, and there alone.
+            assert standbys_in(names) == {first_ns: [first_pid]}
+            pids = namespace_processes(names[:2], "logistic_regression")
+            assert len(pids) == 4, pids
+            kill_namespace(names[2])  # the leader's host, every process of it
+            wait_file(log, r"this driver leads the job now", timeout=TTL + 30)
+            wait_file(log, r"4 worker\(s\) re-attached", timeout=60)
+            assert namespace_processes(names[:2], "logistic_regression") == pids
+            value, _ = etcd_get(port, "/placed/leader", host=f"{SUBNET}.1")
+            assert value.startswith(first + ":"), value
+            # The new leader keeps two drivers: the next standby goes to the other host.
+            text = wait_file(log, r"--drivers: started a standby driver on " + re.escape(other),
+                             timeout=60)
+            second_log = os.path.join(state, f"driver-{other}.log")
+            wait_file(second_log, r"standby: the driver at .* leads the job", timeout=30)
+            text = wait_file(log, r"elastic-run: success", timeout=120)
+            done, _ = etcd_get(port, "/placed/done", host=f"{SUBNET}.1")
+            assert json.loads(done)["code"] == 0, done
+            # The second standby ends with the job, with its code.
+            wait_file(second_log, r"standby: the job ended under another driver", timeout=30)
+            deadline = time.monotonic() + 15
+            while namespace_processes(names) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert namespace_processes(names) == []
+        finally:
+            leader.kill()
+            stop_etcd(members)
+        check_fault_free(book, text, fault_free_hash)
+        assert len(glob.glob(book + ".*")) == 4, glob.glob(book + ".*")
