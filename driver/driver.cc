@@ -160,6 +160,12 @@ Status Driver::Start() {
       po.own_address = driver_addr_.substr(0, driver_addr_.rfind(':'));
       po.log_dir = opts_.state_dir;
       po.list = [this] { return ListStandbys(leadership_->store()); };
+      po.counted = [this](const std::vector<StandbyView>& waiting) {
+        std::vector<Monitor::Standby> seen;
+        for (const auto& s : waiting) seen.push_back({s.address, s.host, s.pid});
+        monitor_.SetStandbys(opts_.drivers - 1, std::move(seen));
+      };
+      monitor_.SetStandbys(opts_.drivers - 1, {});
       po.launch = [this](const std::string& host, const std::function<bool()>& stop) {
         return LaunchStandby(host, stop);
       };

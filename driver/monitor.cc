@@ -70,6 +70,12 @@ void Monitor::SetDriverRestarts(int64_t n) {
   counters_["elastic_driver_restarts_total"] = static_cast<double>(n);
 }
 
+void Monitor::SetStandbys(int wanted, std::vector<Standby> waiting) {
+  MutexLock g(mu_);
+  standbys_wanted_ = wanted;
+  standbys_ = std::move(waiting);
+}
+
 void Monitor::OnEvent(const std::string& name, const JsonFields& fields) {
   MutexLock g(mu_);
   auto start = [&](const std::string& cause) ELASTIC_REQUIRES(mu_) {
@@ -169,6 +175,15 @@ std::string Monitor::StatusJson() const {
                     {"done", r.done}});
   }
   j["recoveries"] = recs;
+  if (standbys_wanted_ >= 0) {
+    json waiting = json::array();
+    for (const auto& s : standbys_) {
+      waiting.push_back({{"address", s.address}, {"host", s.host}, {"pid", s.pid}});
+    }
+    j["standbys"] = {{"wanted", standbys_wanted_}, {"waiting", waiting}};
+  } else {
+    j["standbys"] = nullptr;
+  }
   if (view_.checkpoints) {
     j["checkpoint"] = {{"version", known(view_.checkpoint_version)},
                        {"step", known(view_.checkpoint_step)},
@@ -195,6 +210,12 @@ std::string Monitor::Prometheus() const {
   gauge("elastic_world_size", "Workers in the current round.",
         static_cast<double>(view_.members.size()));
   gauge("elastic_round", "The current (formed) round.", static_cast<double>(view_.formed_round));
+  if (standbys_wanted_ >= 0) {
+    gauge("elastic_standby_drivers", "Standby drivers waiting to take over (--drivers).",
+          static_cast<double>(standbys_.size()));
+    gauge("elastic_standby_drivers_wanted", "Standby drivers the leader keeps (--drivers - 1).",
+          static_cast<double>(standbys_wanted_));
+  }
   gauge("elastic_blacklisted_hosts", "Hosts blacklisted now.",
         static_cast<double>(view_.blacklisted.size()));
   gauge("elastic_warm_spares", "Warm spares (--spares) started and waiting for a place.",
@@ -455,6 +476,15 @@ void PrintSparesCheckpointsBlacklist(const json& s) {
                   c["error"].is_string() ? c["error"].get<std::string>().c_str() : "");
     }
     std::printf("\n");
+  }
+  if (s.contains("standbys") && s["standbys"].is_object()) {
+    const json& sb = s["standbys"];
+    std::printf("\nstandby drivers: %zu waiting, %s wanted (--drivers)\n", sb["waiting"].size(),
+                Int(sb["wanted"]).c_str());
+    for (const auto& w : sb["waiting"]) {
+      std::printf("  %-24s pid %s on %s\n", w.value("address", std::string("-")).c_str(),
+                  Int(w["pid"]).c_str(), w.value("host", std::string("-")).c_str());
+    }
   }
   if (!s["blacklisted"].empty()) {
     std::printf("\nblacklisted hosts:\n");

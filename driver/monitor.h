@@ -22,6 +22,13 @@ class Monitor {
   void OnDiscoveryRun(bool ok);
   // Drivers that adopted this job from a journal, this one included (driver/journal.h).
   void SetDriverRestarts(int64_t n);
+  // --drivers: the standbys wanted (drivers - 1) and those that wait now, each as
+  // {address, host, pid} (driver/placement.h).
+  struct Standby {
+    std::string address, host;
+    int64_t pid = 0;
+  };
+  void SetStandbys(int wanted, std::vector<Standby> waiting);
 
   // The status document (schema in the README, "elastic-run status").
   std::string StatusJson() const;
@@ -43,6 +50,8 @@ class Monitor {
   // recovery phase -> observations
   std::map<std::string, std::vector<double>> phase_seconds_ ELASTIC_GUARDED_BY(mu_);
   std::vector<Recovery> recoveries_ ELASTIC_GUARDED_BY(mu_);  // the last few, oldest first
+  int standbys_wanted_ ELASTIC_GUARDED_BY(mu_) = -1;  // -1: not counted (no --drivers)
+  std::vector<Standby> standbys_ ELASTIC_GUARDED_BY(mu_);
 };
 
 // The job file that lets `elastic-run status` find a driver: {"address", "token", "pid"}, mode

@@ -234,6 +234,7 @@ void StandbyPlacer::Turn() {
     spdlog::debug("--drivers: cannot count the standbys: {}", listed.status().message());
     return;
   }
+  if (options_.counted) options_.counted(*listed);
   const auto now = SteadyClock::now();
   std::set<std::string> addresses, skip;
   for (const auto& s : *listed) addresses.insert(s.address);

@@ -76,6 +76,8 @@ class StandbyPlacer {
     std::string own_address;       // this driver's, without the port
     std::string log_dir;           // where placed standbys log (--state-dir), for messages
     std::function<StatusOr<std::vector<StandbyView>>()> list;
+    // Told what each look found (the standbys that wait), for `elastic-run status`.
+    std::function<void(const std::vector<StandbyView>&)> counted;
     // Starts a standby on the host; its pid.
     std::function<StatusOr<int64_t>(const std::string& host, const std::function<bool()>& stop)>
         launch;

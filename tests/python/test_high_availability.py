@@ -616,7 +616,9 @@ def test_drivers_2_places_a_standby_that_outlives_the_leaders_host_and_places_th
         port = members[0][1]
         store = f"etcd://{SUBNET}.1:{port}/placed"
         book, state = str(tmp_path / "ledger"), tmp_path / "state"
+        job_file = str(tmp_path / "leader.json")
         leader = Job(["ip", "netns", "exec", names[2], elastic_run, "--drivers", "2",
+                      "--job-file", job_file,
                       "--state-store", store, "--lease-ttl", str(TTL), "--state-dir", str(state),
                       "-np", "4", "--min-np", "1", "--driver-timeout", "60",
                       "-H", ",".join(f"{a}:2" for a in addrs), "--driver-address", address(2),
@@ -631,8 +633,21 @@ def test_drivers_2_places_a_standby_that_outlives_the_leaders_host_and_places_th
             first_ns, other = names[addrs.index(first)], addrs[1 - addrs.index(first)]
             log = os.path.join(state, f"driver-{first}.log")
             wait_file(log, r"standby: the driver at .* leads the job", timeout=30)
-            # It runs on the host it was placed on, and there alone.
+            # It runs on the host it was placed on, and there alone; the leader's status says
+            # so once it has counted it (every half TTL).
             assert standbys_in(names) == {first_ns: [first_pid]}
+            deadline = time.monotonic() + 30
+            while True:
+                rc, out = run(["ip", "netns", "exec", names[2], elastic_run, "status",
+                               "--job-file", job_file, "--json"], timeout=30)
+                assert rc == 0, out
+                standbys = json.loads(out)["standbys"]
+                if standbys["waiting"] or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert standbys["wanted"] == 1, standbys
+            assert [(w["address"], w["pid"]) for w in standbys["waiting"]] == \
+                [(first, first_pid)], standbys
             pids = namespace_processes(names[:2], "logistic_regression")
             assert len(pids) == 4, pids
             kill_namespace(names[2])  # the leader's host, every process of it
