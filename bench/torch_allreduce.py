@@ -1,7 +1,6 @@
 """The torch.distributed (ProcessGroupGloo) side of allreduce_bench: N local processes; rank 0
 prints one JSON line per measurement, like allreduce_worker."""
 import json
-import os
 import sys
 import time
 

@@ -12,7 +12,6 @@ same cores). Prints one JSON line per measured step on rank 0: {"impl", "size", 
 """
 import argparse
 import json
-import os
 import time
 
 import torch

@@ -7,7 +7,7 @@ collectives themselves."""
 import os
 
 from helpers import run
-from test_python_api import PY, WORKERS, py_env
+from test_python_api import PY, py_env
 
 PROBE = ("import elastic, sys; elastic.init(); "
          "print(f'rank {elastic.rank()} backend {elastic.backend()}', flush=True)")

@@ -1,6 +1,5 @@
 """Every refusal of a bad command line (driver/main.cc and the driver's start): exit 2 and a
 message that names what was wrong, before anything is started."""
-import os
 import socket
 
 import pytest

@@ -116,7 +116,7 @@ def test_cpp_workers_train_on_without_the_driver_then_exit_by_themselves(
     assert sorted(slots) == ["localhost_0", "localhost_1"], slots
     err0 = open(os.path.join(slots["localhost_0"], "stderr")).read()
     assert "lost the driver" in err0 and "training goes on without it" in err0, err0
-    assert f"unreachable for" in err0 and f"--driver-timeout {TIMEOUT} s" in err0, err0
+    assert "unreachable for" in err0 and f"--driver-timeout {TIMEOUT} s" in err0, err0
     out0 = open(os.path.join(slots["localhost_0"], "stdout")).read()
     shown = sum(1 for l in job.lines if l.startswith("[0]<stdout>:epoch "))
     kept = sum(1 for l in out0.splitlines() if l.startswith("epoch "))

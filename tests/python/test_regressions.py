@@ -2,7 +2,6 @@
 fails without its fix: a template whose command holds "{command}", remote workers outliving a
 killed driver, stack dumps that held up the driver's loop, a job whose every rank failed in
 user code waiting for hosts, and bad arguments accepted or named wrongly."""
-import json
 import os
 import signal
 import subprocess

@@ -44,7 +44,6 @@ def slurm(tmp_path):
     key.write_bytes(os.urandom(1024))
     key.chmod(0o600)
     sock = d / "munge.sock"
-    procs = []
     subprocess.run(["munged", f"--socket={sock}", f"--key-file={key}",
                     f"--log-file={d}/munged.log", f"--pid-file={d}/munged.pid",
                     f"--seed-file={d}/munged.seed", "-f"], check=True)
