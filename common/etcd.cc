@@ -383,6 +383,7 @@ Status Etcd::Put(const std::string& key, const std::string& value, int64_t lease
 
 StatusOr<std::vector<std::pair<std::string, Etcd::Kv>>> Etcd::List(const std::string& key_prefix,
                                                                   int64_t limit) {
+  if (limit <= 0) return InvalidArgument("etcd: a listing's limit must be positive");
   // The range [prefix, prefix with its last byte one higher): every key that starts so.
   std::string from = Key(key_prefix), end = from;
   while (!end.empty() && static_cast<unsigned char>(end.back()) == 0xff) end.pop_back();

@@ -83,7 +83,7 @@ class Etcd {
   Status Put(const std::string& key, const std::string& value, int64_t lease = 0);
   Status Delete(const std::string& key);
   // The keys that start with `key_prefix` (relative, as Get's), with their values, in key
-  // order: at most `limit` of them (etcd's own limit; the rest are not read).
+  // order: at most `limit` (> 0) of them (etcd's own limit; the rest are not read).
   StatusOr<std::vector<std::pair<std::string, Kv>>> List(const std::string& key_prefix,
                                                           int64_t limit);
 

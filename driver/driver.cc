@@ -153,7 +153,15 @@ Status Driver::Start() {
       if (write(wake_fd_, &one, sizeof one) < 0) {
       }
     });
-    if (opts_.drivers > 1) {
+    const auto& endpoints = leadership_->store().url().endpoints;
+    const bool local_store = std::any_of(endpoints.begin(), endpoints.end(),
+                                         [](const std::string& e) { return IsLoopback(e); });
+    if (opts_.drivers > 1 && local_store) {
+      spdlog::warn("--drivers {}: --state-store {} names this machine's loopback, which standbys "
+                   "on other hosts cannot reach; none is started (give etcd's address on the "
+                   "network)",
+                   opts_.drivers, opts_.state_store);
+    } else if (opts_.drivers > 1) {
       StandbyPlacer::Options po;
       po.drivers = opts_.drivers;
       po.ttl_seconds = opts_.lease_ttl;
@@ -168,6 +176,18 @@ Status Driver::Start() {
       monitor_.SetStandbys(opts_.drivers - 1, {});
       po.launch = [this](const std::string& host, const std::function<bool()>& stop) {
         return LaunchStandby(host, stop);
+      };
+      po.stop = [this](const std::string& host, int64_t pid, const std::function<bool()>& stop) {
+        auto out = RunLauncher(LauncherArgv(host, StopStandbyScript(pid)), "",
+                               StandbyPlacer::kLaunchDeadline, stop);
+        return out.ok() ? Status::Ok() : out.status();
+      };
+      // Looked up once per name (the placer's thread alone calls it).
+      po.is_this_machine = [cache = std::make_shared<std::map<std::string, bool>>()](
+                               const std::string& host) {
+        auto it = cache->find(host);
+        if (it == cache->end()) it = cache->emplace(host, IsThisMachine(host)).first;
+        return it->second;
       };
       placer_ = std::make_unique<StandbyPlacer>(std::move(po));
     }
@@ -458,12 +478,24 @@ StatusOr<int64_t> Driver::LaunchStandby(const std::string& host,
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n <= 0) return Internal(std::string("readlink /proc/self/exe: ") + strerror(errno));
   exe[n] = '\0';
+  const std::string program = exe;
+  if (program.size() > 10 && program.compare(program.size() - 10, 10, " (deleted)") == 0) {
+    return FailedPrecondition("this driver's program " + program.substr(0, program.size() - 10) +
+                              " was replaced or removed since it started: a standby would run "
+                              "another version");
+  }
+  // The driver's own settings from its environment, which a remote login does not have.
+  std::map<std::string, std::string> env;
+  for (const char* name : {"ELASTIC_LOG_LEVEL", "ELASTIC_SHM_ALLREDUCE", "ELASTIC_DRIVER_NICE",
+                           "ELASTIC_GRPC_BDP_PROBE"}) {
+    if (const char* v = getenv(name)) env[name] = v;
+  }
   // The same program, folder and options on the host (as a worker's command), less what
   // names this machine alone; etcd's credentials on the launcher's stdin, never in argv.
   std::string script =
-      StandbyScript(getcwd(cwd, sizeof cwd) ? cwd : "/", exe,
+      StandbyScript(getcwd(cwd, sizeof cwd) ? cwd : "/", program,
                     StandbyArgv(opts_.argv, opts_.command.size(), host), opts_.state_dir,
-                    StandbyLogPath(opts_.state_dir, host));
+                    StandbyLogPath(opts_.state_dir, host), env);
   ASSIGN_OR_RETURN(std::string out,
                    RunLauncher(LauncherArgv(host, script),
                                EncodeTlsIdentity(opts_.state_store_tls) + "\n",

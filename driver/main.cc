@@ -526,9 +526,11 @@ Status ReadStoreCredentials(const elastic::EtcdUrl& url, CommandLine& c) {
   }
   // A standby that a leader started (--drivers) gets them in its environment instead, from
   // its launcher's stdin (driver/placement.h), as the workers do: never on a command line.
-  if (const std::string given = elastic::Env("ELASTIC_STATE_STORE_TLS");
-      !given.empty() && !any && c.o.standby) {
-    unsetenv("ELASTIC_STATE_STORE_TLS");
+  // Read once and gone from the environment, whoever this driver is: its children (a
+  // launcher template, the discovery script) never inherit a private key.
+  const std::string given = elastic::Env("ELASTIC_STATE_STORE_TLS");
+  unsetenv("ELASTIC_STATE_STORE_TLS");
+  if (!given.empty() && !any && c.o.standby) {
     if (!url.secure) return elastic::Status::Ok();
     auto id = elastic::DecodeTlsIdentity(given);
     if (!id.ok()) return Refuse("ELASTIC_STATE_STORE_TLS: " + id.status().message());

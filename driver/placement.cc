@@ -1,6 +1,10 @@
 // The standbys a leader keeps (driver/placement.h).
 #include "driver/placement.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -18,15 +22,15 @@ namespace elastic::driver {
 
 namespace {
 
-// How long a standby that a launch started has to list itself in etcd before its host is
-// passed over for a while (kBackOff).
-constexpr auto kListingDeadline = std::chrono::seconds(30);
-constexpr auto kBackOff = std::chrono::seconds(60);
 constexpr size_t kMaxLauncherOutput = 64 << 10;
 constexpr const char* kStandbyHeader = "elastic-standby:";
 
 // Options of this machine alone, not given to a placed standby: option -> takes a value.
 bool DroppedOption(const std::string& word, bool* with_value) {
+  if (word == "--fresh") {  // the leader's start alone: a standby refuses it (it adopts)
+    *with_value = false;
+    return true;
+  }
   for (const char* o : {"--driver-address", "--job-file", "--state-store-ca",
                         "--state-store-cert", "--state-store-key"}) {
     const std::string name = o;
@@ -86,30 +90,83 @@ std::string StandbyLogPath(const std::string& state_dir, const std::string& host
 
 std::string StandbyScript(const std::string& cwd, const std::string& program,
                           const std::vector<std::string>& args, const std::string& state_dir,
-                          const std::string& log) {
-  std::string run = ShellQuote(program);
+                          const std::string& log, const std::map<std::string, std::string>& env) {
+  std::string run;
+  if (!env.empty()) {
+    run = "env";
+    for (const auto& [k, v] : env) run += " " + ShellQuote(k + "=" + v);
+    run += " ";
+  }
+  run += ShellQuote(program);
   for (const auto& a : args) run += " " + ShellQuote(a);
   std::string s;
   s += "IFS= read -r ELASTIC_STATE_STORE_TLS || { echo 'elastic-run: no etcd TLS line on "
        "stdin' >&2; exit 1; }\n";
   s += "if [ -n \"$ELASTIC_STATE_STORE_TLS\" ]; then export ELASTIC_STATE_STORE_TLS; fi\n";
   s += "cd " + ShellQuote(cwd) + " || exit 1\n";
+  s += "L=" + ShellQuote(log) + "\n";
   s += "mkdir -p " + ShellQuote(state_dir) + " && chmod 0700 " + ShellQuote(state_dir) +
        " || exit 1\n";
   s += "command -v setsid >/dev/null 2>&1 || { echo 'elastic-run: no setsid on this host "
        "(util-linux): a standby cannot outlive its launch here' >&2; exit 1; }\n";
   // setsid, from a shell that is not its group's leader, does not fork: $! is the driver.
-  s += "setsid " + run + " </dev/null >>" + ShellQuote(log) + " 2>&1 &\n";
+  s += "setsid " + run + " </dev/null >>\"$L\" 2>&1 &\n";
   s += "p=$!\n";
   // Not before it is in a session of its own: a launcher whose group is killed when it ends
   // (the driver's Process does so) must not take the standby with it.
-  s += "i=0; while [ $i -lt 200 ]; do "
-       "s=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -d' ' -f4); "
-       "[ \"$s\" = \"$p\" ] && break; [ -z \"$s\" ] && break; sleep 0.02; i=$((i+1)); done\n";
+  // $t: its state and what follows ("S 1 4242 4242 ..."): empty once it is gone; "Z ..." while
+  // it is a zombie this shell has not reaped (it exited at once).
+  s += "st() { t=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null); s=$(echo \"$t\" | cut -d' ' -f4); "
+       "case \"$t\" in ''|Z*) s=;; esac; }\n";
+  s += "i=0; while [ $i -lt 200 ]; do st; [ \"$s\" = \"$p\" ] && break; [ -z \"$s\" ] && break; "
+       "sleep 0.02; i=$((i+1)); done\n";
+  // A standby refused its options (a bad path, say) within a moment: said here, with why.
+  s += "[ \"$s\" = \"$p\" ] && { sleep 0.3; st; }\n";
+  s += "if [ -z \"$s\" ]; then echo \"elastic-run: the standby (pid $p) exited at once; the end "
+       "of its output ($L):\" >&2; tail -n 5 \"$L\" >&2; exit 1; fi\n";
   s += "[ \"$s\" = \"$p\" ] || { echo \"elastic-run: the standby (pid $p) did not start in a "
        "session of its own\" >&2; kill $p 2>/dev/null; exit 1; }\n";
   s += "echo \"" + std::string(kStandbyHeader) + " $p\"\n";
   return s;
+}
+
+std::string StopStandbyScript(int64_t pid) {
+  const std::string p = std::to_string(pid);
+  return "if tr '\\0' '\\n' </proc/" + p + "/cmdline 2>/dev/null | grep -qx -- --standby; then "
+         "kill -TERM " + p + " && echo stopped; else echo gone; fi\n";
+}
+
+bool IsThisMachine(const std::string& host) {
+  if (IsLoopback(host)) return true;
+  std::set<std::string> mine;
+  ifaddrs* ifs = nullptr;
+  if (getifaddrs(&ifs) != 0) return false;
+  char text[INET6_ADDRSTRLEN];
+  for (ifaddrs* i = ifs; i; i = i->ifa_next) {
+    if (!i->ifa_addr) continue;
+    const int family = i->ifa_addr->sa_family;
+    const void* a = nullptr;
+    if (family == AF_INET) a = &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr;
+    if (family == AF_INET6) a = &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr;
+    if (a && inet_ntop(family, a, text, sizeof text)) mine.insert(text);
+  }
+  freeifaddrs(ifs);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
+  bool ours = false;
+  for (addrinfo* f = found; f && !ours; f = f->ai_next) {
+    const void* a = nullptr;
+    if (f->ai_family == AF_INET) a = &reinterpret_cast<sockaddr_in*>(f->ai_addr)->sin_addr;
+    if (f->ai_family == AF_INET6) a = &reinterpret_cast<sockaddr_in6*>(f->ai_addr)->sin6_addr;
+    if (a && inet_ntop(f->ai_family, a, text, sizeof text)) {
+      ours = mine.count(text) > 0 || std::string(text).rfind("127.", 0) == 0 ||
+             std::string(text) == "::1";
+    }
+  }
+  freeaddrinfo(found);
+  return ours;
 }
 
 StatusOr<int64_t> ParseStandbyPid(const std::string& output) {
@@ -231,38 +288,57 @@ void StandbyPlacer::Turn() {
   if (hosts.empty()) return;  // no round formed yet
   auto listed = options_.list();
   if (!listed.ok()) {
-    spdlog::debug("--drivers: cannot count the standbys: {}", listed.status().message());
+    std::string say = "--drivers: cannot count the standbys in etcd: " + listed.status().message();
+    if (say != said_) spdlog::warn("{}; none is started until it can", say);
+    said_ = say;
     return;
   }
   if (options_.counted) options_.counted(*listed);
   const auto now = SteadyClock::now();
+  auto seconds = [](Duration d) {
+    return std::chrono::duration_cast<std::chrono::seconds>(d).count();
+  };
+  // A host passed over: for the back-off, doubled at each failure in a row (at most 16x).
+  auto fail = [&](const std::string& host) {
+    Failed& f = failed_[host];
+    f.count = std::min(f.count + 1, 5);
+    f.until = now + options_.back_off * (1 << (f.count - 1));
+    return seconds(f.until - now);
+  };
   std::set<std::string> addresses, skip;
-  for (const auto& s : *listed) addresses.insert(s.address);
+  for (const auto& s : *listed) {
+    if (!s.address.empty()) addresses.insert(s.address);
+  }
   int pending = 0;
   for (auto it = launched_.begin(); it != launched_.end();) {
-    if (addresses.count(it->first)) {
+    const std::string host = it->first;
+    if (addresses.count(host)) {
+      failed_.erase(host);
       it = launched_.erase(it);  // it listed itself
-    } else if (now - it->second > kListingDeadline) {
-      spdlog::warn("--drivers: the standby started on {} did not list itself in etcd within "
-                   "{} s (its output: {} there); another host gets one, and {} again in {} s",
-                   it->first, std::chrono::duration_cast<std::chrono::seconds>(kListingDeadline).count(),
-                   StandbyLogPath(options_.log_dir, it->first), it->first,
-                   std::chrono::duration_cast<std::chrono::seconds>(kBackOff).count());
-      failed_[it->first] = now;
+    } else if (now - it->second.at > options_.listing_deadline) {
+      // Not counted, so not kept: it may be cut off from etcd for good (a store address its
+      // host cannot reach), and would otherwise wait for ever beside the next one.
+      const int64_t pid = it->second.pid;
       it = launched_.erase(it);
+      Status stopped = options_.stop ? options_.stop(host, pid, [this] { return Stopping(); })
+                                     : Status::Ok();
+      spdlog::warn("--drivers: the standby started on {} (pid {}) did not list itself in etcd "
+                   "within {} s: it was {} (its output: {} there); another host gets one, and "
+                   "{} again in {} s",
+                   host, pid, seconds(options_.listing_deadline),
+                   stopped.ok() ? "stopped" : "not stopped (" + stopped.message() + ")",
+                   StandbyLogPath(options_.log_dir, host), host, fail(host));
     } else {
-      skip.insert(it->first);
+      skip.insert(host);
       ++pending;
       ++it;
     }
   }
-  for (auto it = failed_.begin(); it != failed_.end();) {
-    if (now - it->second > kBackOff) {
-      it = failed_.erase(it);
-    } else {
-      skip.insert(it->first);
-      ++it;
-    }
+  for (const auto& [host, f] : failed_) {
+    if (now < f.until) skip.insert(host);
+  }
+  for (const auto& h : hosts) {
+    if (options_.is_this_machine && options_.is_this_machine(h)) skip.insert(h);
   }
   const int missing = options_.drivers - 1 - static_cast<int>(listed->size()) - pending;
   if (missing <= 0) {
@@ -272,7 +348,7 @@ void StandbyPlacer::Turn() {
   auto chosen = ChooseStandbyHosts(hosts, options_.own_address, addresses, skip, missing);
   if (chosen.empty()) {
     std::string say = fmt::format(
-        "--drivers {}: {} standby(s) wait, and no other host of the job is free for one "
+        "--drivers {}: {} standby(s) wait, and no other host of the job is free for one now "
         "(hosts: {}; this driver's: {})",
         options_.drivers, listed->size(), fmt::join(hosts, ", "), options_.own_address);
     if (say != said_ && pending == 0) spdlog::warn("{}", say);
@@ -286,14 +362,12 @@ void StandbyPlacer::Turn() {
       if (Stopping()) return;
       spdlog::warn("--drivers: could not start a standby driver on {}: {}; trying another "
                    "host, and {} again in {} s",
-                   host, pid.status().message(), host,
-                   std::chrono::duration_cast<std::chrono::seconds>(kBackOff).count());
-      failed_[host] = SteadyClock::now();
+                   host, pid.status().message(), host, fail(host));
       continue;
     }
     spdlog::info("--drivers: started a standby driver on {} (pid {} there; its output: {})",
                  host, *pid, StandbyLogPath(options_.log_dir, host));
-    launched_[host] = SteadyClock::now();
+    launched_[host] = Launched{SteadyClock::now(), *pid};
   }
 }
 

@@ -35,9 +35,9 @@ std::vector<std::string> ChooseStandbyHosts(const std::vector<std::string>& job_
 
 // The command line of a standby placed on `host` (without the program's path): the leader's
 // own (`argv`, whose last `command_size` words are the worker's command, left alone) with
-// --standby and `--driver-address host` first, and without what names this machine alone:
-// --driver-address, --job-file, and the files of etcd's credentials (the standby gets those on
-// its stdin, as the workers do).
+// --standby and `--driver-address host` first, and without what is this machine's or this
+// start's alone: --driver-address, --job-file, --fresh, and the files of etcd's credentials
+// (the standby gets those on its stdin, as the workers do).
 std::vector<std::string> StandbyArgv(const std::vector<std::string>& argv, size_t command_size,
                                      const std::string& host);
 
@@ -47,13 +47,24 @@ std::string StandbyLogPath(const std::string& state_dir, const std::string& host
 
 // The /bin/sh script the launcher runs on the host: it reads etcd's credentials from its
 // stdin's first line (empty: none; ELASTIC_STATE_STORE_TLS, common/tls.h), goes to `cwd`,
+// sets `env` (the leader's own settings that are no secret: ELASTIC_LOG_LEVEL, ...),
 // makes `state_dir` (0700), starts `program` with `args` in a session of its own (setsid)
 // with /dev/null as its stdin and its output appended to the log (StandbyLogPath), waits
 // until it is in that session (the launcher's group may be killed once it exits), prints
-// "elastic-standby: PID" and exits, leaving it running. Linux hosts (/proc).
+// "elastic-standby: PID" and exits, leaving it running; one that exited at once is an
+// error with the end of its log. Linux hosts (/proc).
 std::string StandbyScript(const std::string& cwd, const std::string& program,
                           const std::vector<std::string>& args, const std::string& state_dir,
-                          const std::string& log);
+                          const std::string& log,
+                          const std::map<std::string, std::string>& env = {});
+
+// The /bin/sh script that stops a standby a launch started (StandbyScript) on its host: pid
+// `pid`, if it still runs elastic-run with --standby (a pid that was reused is left alone).
+std::string StopStandbyScript(int64_t pid);
+
+// Whether `host` names this machine: loopback, or a name or address that resolves to an
+// address of one of its interfaces. Looks names up (getaddrinfo): not for the driver's loop.
+bool IsThisMachine(const std::string& host);
 
 // The standby's pid from the script's output; INVALID_ARGUMENT when no line says it.
 StatusOr<int64_t> ParseStandbyPid(const std::string& output);
@@ -81,6 +92,15 @@ class StandbyPlacer {
     // Starts a standby on the host; its pid.
     std::function<StatusOr<int64_t>(const std::string& host, const std::function<bool()>& stop)>
         launch;
+    // Stops the standby a launch started on the host (pid there) that never listed itself.
+    std::function<Status(const std::string& host, int64_t pid, const std::function<bool()>& stop)>
+        stop;
+    // Whether a host of the job is this machine (another name or address of it).
+    std::function<bool(const std::string& host)> is_this_machine;
+    // How long a standby started has to list itself before it is stopped and its host passed
+    // over; the first pass-over (doubled at each failure in a row on the host, 16x at most).
+    Duration listing_deadline = std::chrono::seconds(30);
+    Duration back_off = std::chrono::seconds(60);
   };
   explicit StandbyPlacer(Options options);
   ~StandbyPlacer();  // stops the thread (a launch in flight is killed) and joins it
@@ -98,10 +118,18 @@ class StandbyPlacer {
   std::condition_variable cv_;
   bool stop_ ELASTIC_GUARDED_BY(mu_) = false;
   std::vector<std::string> hosts_ ELASTIC_GUARDED_BY(mu_);
-  // The placer thread's alone: a host's last launch (to wait for its listing, then back off),
-  // and what was said last (said once per change).
-  std::map<std::string, TimePoint> launched_;
-  std::map<std::string, TimePoint> failed_;
+  // The placer thread's alone: a host's launch waiting for its listing, the hosts passed over
+  // after a failure, and what was said last (said once per change).
+  struct Launched {
+    TimePoint at;
+    int64_t pid = 0;
+  };
+  struct Failed {
+    TimePoint until;
+    int count = 0;  // in a row
+  };
+  std::map<std::string, Launched> launched_;
+  std::map<std::string, Failed> failed_;
   std::string said_;
   std::thread thread_;
 };

@@ -290,7 +290,12 @@ TEST_CASE("leadership: a standby is listed while it waits, and no longer once it
   REQUIRE((*a)->WriteJournal("j").ok());
   (*a)->KeepAlive([](const std::string&) {});
   Etcd store(etcd.Options("job").store);
-  REQUIRE(ListStandbys(store)->empty());
+  auto standbys = [&] {
+    auto listed = ListStandbys(store);
+    REQUIRE(listed.ok());
+    return *listed;
+  };
+  REQUIRE(standbys().empty());
   // Another job's standby, under a prefix that starts the same, is not this job's.
   Etcd other(etcd.Options("job2").store);
   REQUIRE(other.Put("standbys/x", R"({"address":"10.0.0.9"})").ok());
@@ -302,28 +307,32 @@ TEST_CASE("leadership: a standby is listed while it waits, and no longer once it
   std::vector<StandbyView> seen;
   for (int i = 0; i < 100 && seen.empty(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    seen = *ListStandbys(store);
+    seen = standbys();
   }
   REQUIRE(seen.size() == 1);
   CHECK(seen[0].address == "10.0.0.7");
   CHECK(seen[0].pid == getpid());
   // Listed past its TTL (2 s): it renews its own lease while it waits.
   std::this_thread::sleep_for(std::chrono::seconds(3));
-  CHECK(ListStandbys(store)->size() == 1);
+  CHECK(standbys().size() == 1);
   // The leader goes (its lease runs out): the standby leads, and is no longer listed.
   a->reset();
   t.join();
   REQUIRE(standby.ok());
   REQUIRE(*standby);
-  CHECK(ListStandbys(store)->empty());
+  CHECK(standbys().empty());
   // Keys that are not a standby's listing are passed over.
   REQUIRE(store.Put("standbys/junk", "not json").ok());
-  CHECK(ListStandbys(store)->empty());
+  CHECK(standbys().empty());
   // List is bounded by its limit.
   for (int i = 0; i < 5; ++i) REQUIRE(store.Put("many/" + std::to_string(i), "v").ok());
-  CHECK(store.List("many/", 3)->size() == 3);
-  CHECK(store.List("many/", 100)->size() == 5);
-  CHECK((*store.List("many/", 100))[0].first == "many/0");
+  auto three = store.List("many/", 3), all = store.List("many/", 100);
+  REQUIRE(three.ok());
+  REQUIRE(all.ok());
+  CHECK(three->size() == 3);
+  CHECK(all->size() == 5);
+  CHECK((*all)[0].first == "many/0");
+  CHECK(store.List("many/", 0).status().code() == Code::kInvalidArgument);
 }
 
 TEST_CASE("etcd: an endpoint that does not answer is skipped") {
