@@ -618,7 +618,7 @@ def test_drivers_2_places_a_standby_that_outlives_the_leaders_host_and_places_th
         book, state = str(tmp_path / "ledger"), tmp_path / "state"
         job_file = str(tmp_path / "leader.json")
         leader = Job(["ip", "netns", "exec", names[2], elastic_run, "--drivers", "2",
-                      "--job-file", job_file,
+                      "--job-file", job_file, "--metrics-port", "9400",
                       "--state-store", store, "--lease-ttl", str(TTL), "--state-dir", str(state),
                       "-np", "4", "--min-np", "1", "--driver-timeout", "60",
                       "-H", ",".join(f"{a}:2" for a in addrs), "--driver-address", address(2),
@@ -648,6 +648,11 @@ def test_drivers_2_places_a_standby_that_outlives_the_leaders_host_and_places_th
             assert standbys["wanted"] == 1, standbys
             assert [(w["address"], w["pid"]) for w in standbys["waiting"]] == \
                 [(first, first_pid)], standbys
+            rc, metrics = run(["ip", "netns", "exec", names[2], "curl", "-sS",
+                               "http://127.0.0.1:9400/metrics"], timeout=30)
+            assert rc == 0, metrics
+            assert "\nelastic_standby_drivers 1\n" in metrics, metrics
+            assert "\nelastic_standby_drivers_wanted 1\n" in metrics, metrics
             pids = namespace_processes(names[:2], "logistic_regression")
             assert len(pids) == 4, pids
             kill_namespace(names[2])  # the leader's host, every process of it
