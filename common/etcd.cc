@@ -315,6 +315,21 @@ Status Etcd::Revoke(int64_t lease) {
   return body.ok() ? Status::Ok() : body.status();
 }
 
+namespace {
+// One of a range's "kvs" (throws nlohmann's exceptions on a malformed one, as its callers
+// catch).
+StatusOr<Etcd::Kv> KvOf(const json& kv) {
+  Etcd::Kv out;
+  if (kv.contains("value")) {
+    ASSIGN_OR_RETURN(out.value, Base64Decode(kv["value"].get<std::string>()));
+  }
+  out.create_revision = Int(kv, "create_revision");
+  out.mod_revision = Int(kv, "mod_revision");
+  out.lease = Int(kv, "lease");
+  return out;
+}
+}  // namespace
+
 StatusOr<std::optional<Etcd::Kv>> Etcd::Get(const std::string& key, int64_t* revision) {
   ASSIGN_OR_RETURN(std::string body,
                    Call("/v3/kv/range", json{{"key", Base64Encode(Key(key))}}.dump()));
@@ -322,14 +337,7 @@ StatusOr<std::optional<Etcd::Kv>> Etcd::Get(const std::string& key, int64_t* rev
     json j = json::parse(body);
     if (revision && j.contains("header")) *revision = Int(j["header"], "revision");
     if (!j.contains("kvs") || j["kvs"].empty()) return std::optional<Kv>();
-    const json& kv = j["kvs"][0];
-    Kv out;
-    if (kv.contains("value")) {
-      ASSIGN_OR_RETURN(out.value, Base64Decode(kv["value"].get<std::string>()));
-    }
-    out.create_revision = Int(kv, "create_revision");
-    out.mod_revision = Int(kv, "mod_revision");
-    out.lease = Int(kv, "lease");
+    ASSIGN_OR_RETURN(Kv out, KvOf(j["kvs"][0]));
     return std::optional<Kv>(std::move(out));
   } catch (const std::exception& e) {
     return Internal(std::string("etcd's range: ") + e.what());
@@ -402,13 +410,7 @@ StatusOr<std::vector<std::pair<std::string, Etcd::Kv>>> Etcd::List(const std::st
     for (const json& kv : j["kvs"]) {
       if (static_cast<int64_t>(out.size()) >= limit) break;
       ASSIGN_OR_RETURN(std::string key, Base64Decode(kv.value("key", std::string())));
-      Kv v;
-      if (kv.contains("value")) {
-        ASSIGN_OR_RETURN(v.value, Base64Decode(kv["value"].get<std::string>()));
-      }
-      v.create_revision = Int(kv, "create_revision");
-      v.mod_revision = Int(kv, "mod_revision");
-      v.lease = Int(kv, "lease");
+      ASSIGN_OR_RETURN(Kv v, KvOf(kv));
       out.emplace_back(key.size() >= strip ? key.substr(strip) : key, std::move(v));
     }
   } catch (const std::exception& e) {

@@ -778,4 +778,73 @@ std::string Process::DescribeExit() const {
   return "signal " + std::to_string(sig) + " (" + strsignal(sig) + ")" + by_keeper;
 }
 
+StatusOr<Captured> RunToEnd(const LaunchSpec& spec, Duration timeout, size_t max_output,
+                            const std::function<bool()>& stop) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Process> proc, Process::Start(spec));
+  Captured r;
+  const TimePoint deadline = SteadyClock::now() + timeout;
+  char buf[65536];
+  // Reads what one stream has now; false when it ended or the output is over the cap.
+  auto read_some = [&](int stream) {
+    int fd = stream == 0 ? proc->stdout_fd() : proc->stderr_fd();
+    if (fd < 0) return false;
+    ssize_t got = read(fd, buf, sizeof buf);
+    if (got < 0 && (errno == EAGAIN || errno == EINTR)) return false;
+    if (got <= 0) {
+      stream == 0 ? proc->CloseStdout() : proc->CloseStderr();
+      return false;
+    }
+    std::string& dst = stream == 0 ? r.out : r.err;
+    dst.append(buf, static_cast<size_t>(got));
+    if (stream == 1 && r.err.size() > 8192) r.err.erase(0, r.err.size() - 8192);
+    if (r.out.size() > max_output) {
+      r.truncated = true;
+      r.out.resize(max_output);
+      return false;
+    }
+    return true;
+  };
+  int code = 0;
+  bool exited = false;
+  while (!exited && !r.truncated) {
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+    if (left.count() <= 0 || (stop && stop())) {
+      r.timed_out = true;
+      break;
+    }
+    pollfd fds[3] = {{proc->stdout_fd(), POLLIN, 0},
+                     {proc->stderr_fd(), POLLIN, 0},
+                     {proc->pidfd(), POLLIN, 0}};
+    if (poll(fds, 3, static_cast<int>(std::min<long>(left.count(), stop ? 200 : 1000))) < 0 &&
+        errno != EINTR) {
+      break;
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd >= 0 && (fds[i].revents & (POLLIN | POLLHUP | POLLERR))) read_some(i);
+    }
+    if (proc->TryReap(&code)) {
+      exited = true;
+      for (int i = 0; i < 2; ++i) {
+        while (read_some(i)) {
+        }
+      }
+    }
+  }
+  // An overrun program goes with its group: SIGTERM first (a reaper, LaunchSpec::
+  // reap_orphans, then kills what it left), SIGKILL if that takes more than a moment. The
+  // exit is awaited (bounded: after SIGKILL it comes at once).
+  if (!exited) {
+    proc->SignalGroup(SIGTERM);
+    pollfd exit_fd{proc->pidfd(), POLLIN, 0};
+    TimePoint kill_at = SteadyClock::now() + std::chrono::seconds(2);
+    while (!proc->TryReap(&code)) {
+      if (SteadyClock::now() >= kill_at) proc->SignalGroup(SIGKILL);
+      poll(&exit_fd, 1, 100);
+    }
+  }
+  r.exit_code = code;
+  return r;
+}
+
 }  // namespace elastic

@@ -5,11 +5,13 @@
 #include <sys/types.h>
 #include <sys/wait.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
 
 namespace elastic {
@@ -159,6 +161,21 @@ int RemoveStaleShmSegments();
 // Resolves a program name through PATH as execvp would. NOT_FOUND when it is not there or
 // not executable.
 StatusOr<std::string> FindProgram(const std::string& name);
+
+// What RunToEnd saw of a short-lived program (a discovery script, a launcher).
+struct Captured {
+  int exit_code = 0;       // 128+signal when killed
+  bool timed_out = false;  // past its deadline, or stopped: its group was killed
+  bool truncated = false;  // stdout over the cap
+  std::string out;         // stdout, at most the cap
+  std::string err;         // the last 8 KiB of stderr
+};
+// Starts `spec` and runs it to its end, reading its output: its own exit ends the run, not a
+// child it left in the background holding its pipes. Past `timeout`, when `stop` (if given)
+// says so, or when stdout goes over `max_output`, its group gets SIGTERM, and SIGKILL 2 s
+// later; its end is awaited. Errors are only for failing to start it.
+StatusOr<Captured> RunToEnd(const LaunchSpec& spec, Duration timeout, size_t max_output,
+                            const std::function<bool()>& stop = nullptr);
 
 // Quotes a word for /bin/sh.
 std::string ShellQuote(const std::string& s);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/process.h"
 #include "common/status.h"
 
 namespace elastic::discovery {
@@ -32,13 +33,7 @@ StatusOr<std::vector<HostSlots>> ParseHostLines(const std::string& text, int def
 // Parses `-H h1:4,h2:2` (same rules as a line each).
 StatusOr<std::vector<HostSlots>> ParseHostList(const std::string& list, int default_slots);
 
-struct ScriptResult {
-  int exit_code = 0;  // 128+signal when killed
-  bool timed_out = false;
-  bool truncated = false;  // output over the cap
-  std::string out;
-  std::string err;  // the last few KiB of stderr
-};
+using ScriptResult = Captured;  // common/process.h
 
 // Runs `script` (through /bin/sh -c when it has spaces, else directly) in its own process
 // group; kills the whole group at `timeout`; keeps at most `max_output` bytes of stdout.

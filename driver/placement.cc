@@ -5,8 +5,6 @@
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <poll.h>
-#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -187,60 +185,20 @@ StatusOr<std::string> RunLauncher(const std::vector<std::string>& argv,
   LaunchSpec spec;
   spec.argv = argv;
   spec.stdin_data = stdin_data;
-  ASSIGN_OR_RETURN(std::unique_ptr<Process> proc, Process::Start(spec));
-  const TimePoint until = SteadyClock::now() + deadline;
-  std::string out;
-  char buf[4096];
-  auto drain = [&](int stream) {
-    int fd = stream == 0 ? proc->stdout_fd() : proc->stderr_fd();
-    while (fd >= 0) {
-      ssize_t got = read(fd, buf, sizeof buf);
-      if (got < 0 && (errno == EAGAIN || errno == EINTR)) return;
-      if (got <= 0) {
-        stream == 0 ? proc->CloseStdout() : proc->CloseStderr();
-        return;
-      }
-      if (out.size() < kMaxLauncherOutput) out.append(buf, static_cast<size_t>(got));
-    }
-  };
-  int code = 0;
-  bool exited = false, stopped = false;
-  while (!exited) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - SteadyClock::now());
-    if (left.count() <= 0 || stop()) {
-      stopped = true;
-      break;
-    }
-    pollfd fds[3] = {{proc->stdout_fd(), POLLIN, 0},
-                     {proc->stderr_fd(), POLLIN, 0},
-                     {proc->pidfd(), POLLIN, 0}};
-    if (poll(fds, 3, static_cast<int>(std::min<long>(left.count(), 200))) < 0 && errno != EINTR) {
-      break;
-    }
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd >= 0 && (fds[i].revents & (POLLIN | POLLHUP | POLLERR))) drain(i);
-    }
-    if (proc->TryReap(&code)) {
-      exited = true;
-      drain(0);
-      drain(1);
-    }
-  }
-  if (!exited) {
-    proc->SignalGroup(SIGKILL);
-    pollfd exit_fd{proc->pidfd(), POLLIN, 0};
-    while (!proc->TryReap(&code)) poll(&exit_fd, 1, 100);
-    if (stopped && stop()) return DeadlineExceeded("stopped");
+  ASSIGN_OR_RETURN(Captured r, RunToEnd(spec, deadline, kMaxLauncherOutput, stop));
+  if (r.timed_out) {
+    if (stop()) return DeadlineExceeded("stopped");
     return DeadlineExceeded(fmt::format(
         "the launcher did not finish within {} s; killed",
         std::chrono::duration_cast<std::chrono::seconds>(deadline).count()));
   }
-  if (code != 0) {
-    while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-    return Unavailable("the launcher exited with status " + std::to_string(code) +
-                   (out.empty() ? "" : ": " + out));
+  if (r.exit_code != 0) {
+    std::string said = r.err.empty() ? r.out : r.err;
+    while (!said.empty() && (said.back() == '\n' || said.back() == '\r')) said.pop_back();
+    return Unavailable("the launcher exited with status " + std::to_string(r.exit_code) +
+                       (said.empty() ? "" : ": " + said));
   }
-  return out;
+  return r.out;
 }
 
 StandbyPlacer::StandbyPlacer(Options options) : options_(std::move(options)) {
