@@ -251,7 +251,8 @@ class Policy {
   void HandleLeaving(Worker& w, const std::string& why);
   // If `gone` is a member of the formed round: ABORT to the others (AbortRound).
   void AbortFormedRound(const std::string& gone, const std::string& why);
-  // ABORT to every member of the formed round but `skip` ("": none).
+  // ABORT to every member of the formed round but `skip` ("": none), and a new rendezvous wait
+  // for each of them (they roll back before they join).
   void AbortRound(const std::string& skip, const std::string& why);
   // Counts a failure of `w`'s host, once per incident: every failure of the host's workers in
   // one round is one incident.

@@ -137,11 +137,7 @@ void Policy::OnJoinTimeout(int64_t round, const std::vector<std::string>& missin
                            ": they roll back to their last commit and get another wait");
     Event("round_hung", {{"round", s_.formed}, {"seconds", Secs(Now() - s_.formed_at)}});
     for (const auto& slot : stuck) DumpStacks(s_.workers.at(slot));
-    AbortRound("", why);
-    Action again;
-    again.kind = Action::kRestartWait;
-    again.slots = stuck;
-    Emit(std::move(again));
+    AbortRound("", why);  // and their waits start again
   }
   if (missing.empty()) return;
   Log(Action::kWarn,
@@ -178,6 +174,8 @@ void Policy::AbortFormedRound(const std::string& gone, const std::string& why) {
 
 void Policy::AbortRound(const std::string& skip, const std::string& why) {
   s_.aborted = s_.formed;
+  Action again;
+  again.kind = Action::kRestartWait;
   for (const auto& slot : s_.formed_members) {
     if (slot == skip) continue;
     Action a;
@@ -185,7 +183,15 @@ void Policy::AbortRound(const std::string& skip, const std::string& why) {
     a.slot = slot;
     a.event = rendezvous::Event{EventKind::kAbort, s_.formed, why};
     Emit(std::move(a));
+    again.slots.push_back(slot);
   }
+  // An aborted member rolls back to its last commit before it can join: its wait starts now.
+  // A pending proposal may have expected it for most of the rendezvous timeout already (while
+  // it sat in the collective this abort ends), and the core carries that wait over into the
+  // proposal that follows; once aborted, a member missing its wait is dropped, not aborted
+  // again (OnJoinTimeout), so without a new wait the state's holders could be killed the
+  // moment after their abort.
+  if (!again.slots.empty()) Emit(std::move(again));
 }
 
 void Policy::OnMemberLeft(int64_t round, const std::string& slot) {

@@ -402,7 +402,9 @@ TEST_CASE("policy: members still in the old round at the rendezvous timeout are 
   CHECK(aborted == std::vector<std::string>{"a:0", "a:1", "a:2"});
   auto again = Of(a, Action::kRestartWait);
   REQUIRE(again.size() == 1);
-  CHECK(again[0]->slots == std::vector<std::string>{"a:0", "a:1"});
+  std::vector<std::string> waits = again[0]->slots;
+  std::sort(waits.begin(), waits.end());
+  CHECK(waits == std::vector<std::string>{"a:0", "a:1", "a:2"});  // every member aborted
   CHECK(Events(a, "round_hung").size() == 1);
   // Missing again after the abort: now they are dropped.
   job.policy->OnJoinTimeout(1, {"a:1"});
@@ -740,6 +742,51 @@ TEST_CASE("policy: a failed member's survivors get one ABORT each, no fence afte
   std::sort(aborted.begin(), aborted.end());
   CHECK(aborted == std::vector<std::string>{"a:0", "a:1", "a:2"});
   CHECK(Events(a, "fence").size() == 1);  // the event log still says the round was fenced
+}
+
+// The namespace soak (seed 421863111): a restarted driver adopted round 3 and proposed round 4;
+// one member, cut off, never re-attached, and its peers sat in a collective with it. Lost 30 s
+// later, it aborted round 3, and round 5 was proposed with the waits round 4 had started 30 s
+// before: already over, so the aborted peers, the state's only holders, were dropped as
+// missing before they could roll back. Aborted members get a new wait, asked for before the
+// proposal that follows (the core carries a slot's wait over into the next proposal).
+TEST_CASE("policy: the members of an aborted round get a new rendezvous wait before the next "
+          "proposal",
+          "[unit]") {
+  Job job(Discovered(4));
+  job.StartFormed({{"a", 3}}, {"a:0", "a:1", "a:2"});
+  job.Commit("a:0", 0, 5);
+  job.policy->OnDiscovery(std::vector<HostSlots>{{"a", 3}, {"b", 1}}, {});  // round 1 waits
+  job.Take();
+  job.policy->OnExit("a:2", 137, "signal 9 (Killed)");
+  auto a = job.Take();
+  auto again = Of(a, Action::kRestartWait);
+  REQUIRE(again.size() == 1);
+  std::vector<std::string> slots = again[0]->slots;
+  std::sort(slots.begin(), slots.end());
+  CHECK(slots == std::vector<std::string>{"a:0", "a:1"});
+  auto at = [&](Action::Kind kind) {
+    return std::find_if(a.begin(), a.end(), [&](const Action& x) { return x.kind == kind; }) -
+           a.begin();
+  };
+  REQUIRE(Of(a, Action::kProposeRound).size() == 1);
+  CHECK(at(Action::kRestartWait) < at(Action::kProposeRound));
+  // A hung round no member stands out in is aborted the same way.
+  DriverOptions d = Static({{"a", 2}}, 2, 1);
+  d.elastic = true;
+  d.hang_timeout = seconds(3);
+  Job hung(d);
+  hung.StartFormed(d.hosts, {"a:0", "a:1"});
+  for (const char* s : {"a:0", "a:1"}) hung.Commit(s, 0, 1);
+  hung.Pass(5, 0, {{"a:0", {9, true}}, {"a:1", {9, true}}});
+  hung.Pass(2, 0, {{"a:0", {9, true}}, {"a:1", {9, true}}});
+  a = hung.Take();
+  REQUIRE(Events(a, "round_hung").size() == 1);
+  again = Of(a, Action::kRestartWait);
+  REQUIRE(again.size() == 1);
+  slots = again[0]->slots;
+  std::sort(slots.begin(), slots.end());
+  CHECK(slots == std::vector<std::string>{"a:0", "a:1"});
 }
 
 TEST_CASE("policy: a member that leaves its round on its own makes its peers re-form",

@@ -360,6 +360,35 @@ TEST_CASE("RestartWait gives slots a new wait and lets them be reported again", 
   core.Shutdown();
 }
 
+// The driver's order after an abort (driver/policy_rounds.cc, Policy::AbortRound): the aborted
+// members' waits start again, then the next round is proposed. The new proposal must keep the
+// restarted waits, not the older ones its predecessor began.
+TEST_CASE("a wait restarted under a pending proposal carries into the proposal after it",
+          "[unit]") {
+  TimedCore timed;
+  FakeClock& clock = timed.clock;
+  RecordingListener& listener = timed.listener;
+  Core& core = timed.core;
+  REQUIRE(core.ProposeRound(0, Members({"a:0", "b:0"}), {}).ok());
+  clock.Advance(seconds(9));  // 9 s of 10 gone
+  core.RestartWait({"a:0", "b:0"});
+  REQUIRE(core.ProposeRound(1, Members({"a:0", "b:0"}), {}).ok());
+  clock.Advance(seconds(9));  // 18 s since round 0 expected them, 9 s since the restart
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  {
+    std::lock_guard<std::mutex> g(listener.mu);
+    CHECK(listener.timeout_round == -1);
+  }
+  clock.Advance(seconds(2));
+  REQUIRE(listener.WaitTimeout());
+  {
+    std::lock_guard<std::mutex> g(listener.mu);
+    CHECK(listener.timeout_round == 1);
+    CHECK(listener.missing == std::vector<std::string>{"a:0", "b:0"});
+  }
+  core.Shutdown();
+}
+
 TEST_CASE("a slot that no round ever included is refused at once", "[unit]") {
   Core core(CoreOptions{});
   REQUIRE(core.ProposeRound(0, Members({"a:0"}), {}).ok());
