@@ -124,6 +124,7 @@ Status Client::Retry(TimePoint deadline, Fn&& attempt) {
     std::shared_ptr<Stub> stub;
     {
       MutexLock g(stub_mu_);
+      if (closed_) return Cancelled(closed_why_);
       stub = stub_;
       inflight_.emplace(&ctx, stub.get());
     }
@@ -132,6 +133,7 @@ Status Client::Retry(TimePoint deadline, Fn&& attempt) {
     {
       MutexLock g(stub_mu_);
       inflight_.erase(&ctx);
+      if (closed_) return Cancelled(closed_why_);
       moved = stub_ != stub;
     }
     // Cancelled by Redirect (or a driver that moved meanwhile): again, at the new address.
@@ -295,6 +297,18 @@ void Client::CancelGets(int64_t round) {
   for (auto& [ctx, r] : get_ctxs_) {
     if (r <= round) ctx->TryCancel();
   }
+}
+
+void Client::Close(const std::string& why) {
+  {
+    MutexLock g(stub_mu_);
+    if (closed_) return;
+    closed_ = true;
+    closed_why_ = why;
+    for (auto& [ctx, stub] : inflight_) ctx->TryCancel();
+  }
+  CancelGets(INT64_MAX);
+  CancelWatch();
 }
 
 void Client::CancelWatch() {

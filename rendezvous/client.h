@@ -74,6 +74,10 @@ class Client {
   void CancelGets(int64_t round);
   // Ends a Watch in progress on another thread (it returns CANCELLED). Thread-safe.
   void CancelWatch();
+  // Ends every call in progress on other threads (Join, Get, Report, Watch) and fails every
+  // later one at once with CANCELLED saying `why`: the caller is done with the driver (a
+  // worker's agent that ended, worker_agent/agent.cc). Thread-safe; the first `why` stays.
+  void Close(const std::string& why);
   // The channel (its own connection, with the settings above), for a benchmark that drives
   // the protocol through gRPC's asynchronous API.
   std::shared_ptr<grpc::Channel> channel() const;
@@ -98,6 +102,8 @@ class Client {
   std::shared_ptr<Stub> stub_ ELASTIC_GUARDED_BY(stub_mu_);
   // Calls in flight (Retry's attempts) and the stub each went out on, for Redirect to cancel.
   std::map<grpc::ClientContext*, Stub*> inflight_ ELASTIC_GUARDED_BY(stub_mu_);
+  bool closed_ ELASTIC_GUARDED_BY(stub_mu_) = false;  // Close() was called, saying closed_why_
+  std::string closed_why_ ELASTIC_GUARDED_BY(stub_mu_);
   Mutex watch_mu_;
   grpc::ClientContext* watch_ctx_ ELASTIC_GUARDED_BY(watch_mu_) = nullptr;
   Stub* watch_stub_ ELASTIC_GUARDED_BY(watch_mu_) = nullptr;

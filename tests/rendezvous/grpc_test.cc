@@ -321,6 +321,42 @@ TEST_CASE("grpc: CancelGets ends a waiting Get of an aborted round and refuses l
   CHECK(c.Get(1, {"k"}, seconds(1)).status().code() == Code::kFailedPrecondition);
 }
 
+TEST_CASE("grpc: Close ends a waiting Join and Watch, and fails every later call at once",
+          "[integration]") {
+  Listener listener;
+  Fixture f(&listener);
+  std::map<std::string, Assignment> m;
+  m["a:0"].size = m["b:0"].size = 2;
+  m["b:0"].rank = 1;
+  REQUIRE(f.core->ProposeRound(0, m, {}).ok());  // b:0 never joins: a:0 waits
+  Client c = f.MakeClient();
+  auto joining =
+      std::async(std::launch::async, [&] { return c.Join("a:0", -1, 0, seconds(60)); });
+  auto watching = std::async(std::launch::async, [&] { return c.Watch("a:0", [](const Event&) {}); });
+  for (int i = 0; i < 2000 && f.core->pending_waiters() < 1; ++i) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  REQUIRE(f.core->pending_waiters() == 1);
+  c.Close("the agent ended");
+  c.Close("a second reason");  // the first stays
+  REQUIRE(joining.wait_for(seconds(10)) == std::future_status::ready);
+  auto joined = joining.get();
+  CHECK(joined.status().code() == Code::kCancelled);
+  CHECK(joined.status().message() == "the agent ended");
+  REQUIRE(watching.wait_for(seconds(10)) == std::future_status::ready);
+  CHECK(watching.get().code() == Code::kCancelled);
+  Report r;
+  r.slot = "a:0";
+  CHECK(c.SendReport(r).code() == Code::kCancelled);
+  CHECK(c.Join("a:0", -1, 0, seconds(60)).status().code() == Code::kCancelled);
+  CHECK(c.Get(0, {"k"}, seconds(30)).status().code() != Code::kOk);
+  // The server freed the Join's waiter (cancelled on the wire).
+  for (int i = 0; i < 2000 && f.core->pending_waiters() > 0; ++i) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  CHECK(f.core->pending_waiters() == 0);
+}
+
 }  // namespace
 }  // namespace elastic::rendezvous
 
