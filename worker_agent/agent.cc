@@ -250,8 +250,8 @@ void AgentImpl::WatchLoop() {
     if (opened) lost_since = now;
     if (s.code() == Code::kUnauthenticated || s.code() == Code::kInvalidArgument ||
         s.code() == Code::kFailedPrecondition) {
-      spdlog::critical("the driver refused this worker's Watch: {}", s.ToString());
-      std::_Exit(3);
+      End("the driver refused this worker's Watch: " + s.ToString());
+      return;
     }
     const bool ride_out = ever_open && timeout > Duration::zero();
     if (ride_out && !driver_lost_.load()) {
@@ -278,19 +278,57 @@ void AgentImpl::WatchLoop() {
     }
     Duration allowed = ride_out ? timeout : std::chrono::seconds(ever_open ? 3 : 30);
     if (now - lost_since > allowed) {
-      spdlog::critical(
-          "the driver at {} has been unreachable for {:.1f} s ({}; {}); exiting so that no "
-          "worker outlives it",
+      End(fmt::format(
+          "the driver at {} has been unreachable for {:.1f} s ({}; {}); this worker ends so "
+          "that none outlives it",
           client_->address(), seconds(now - lost_since),
           ride_out ? fmt::format("--driver-timeout {:.0f} s", seconds(timeout))
                    : std::string(ever_open ? "--driver-timeout 0" : "it never answered"),
-          s.ToString());
-      std::_Exit(3);
+          s.ToString()));
+      return;
     }
     if (ride_out) TestHook("watch_lost", 0);
     // Re-open backoff; while the driver is down, every 200 ms is enough to see it return.
     std::this_thread::sleep_for(std::chrono::milliseconds(driver_lost_.load() ? 200 : 100));
   }
+}
+
+void AgentImpl::End(const std::string& why) {
+  {
+    MutexLock g(end_mu_);
+    end_why_ = why;
+  }
+  ended_.store(true);
+  spdlog::critical("{}; the training thread ends at its next commit, collective or join "
+                   "(exit 3), and this process within {:.0f} s at the latest",
+                   why, std::chrono::duration<double>(kEndGrace).count());
+  {
+    MutexLock g(comm_mu_);
+    if (comm_) comm_->Abort();
+    if (nccl_) nccl_->Abort();
+    if (nccl_parent_) nccl_parent_->Abort();
+  }
+  client_->Close(why);
+  // The last resort, for a program that does not reach its next collective or commit in time
+  // (a training thread stuck elsewhere, or one that caught the end and went on): the process
+  // ends here. A process that ends meanwhile stops this thread (StopWatch, at exit).
+  const TimePoint until = SteadyClock::now() + kEndGrace;
+  while (!stopping_.load() && SteadyClock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (stopping_.load()) return;
+  spdlog::critical("the process did not end within {:.0f} s of this worker's end ({}); "
+                   "ending it (exit 3)",
+                   std::chrono::duration<double>(kEndGrace).count(), why);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(3);
+}
+
+void AgentImpl::ThrowIfEnded() const {
+  if (!ended_.load()) return;
+  MutexLock g(end_mu_);
+  throw WorkerEnd(3, "elastic: " + end_why_);
 }
 
 void AgentImpl::FollowLeader() {
@@ -611,6 +649,14 @@ void AgentImpl::CheckHostUpdates() {
   }
 }
 
+namespace {
+std::atomic<int> g_stack_signal{0};  // SetStackSignal's (0: none set)
+}  // namespace
+
+void SetStackSignal(int signal) {
+  if (signal >= 1 && signal <= 64) g_stack_signal.store(signal);
+}
+
 Status AgentImpl::SendReport(rendezvous::Report r) {
   r.slot = env_.slot;
   if (r.round < 0) r.round = current_round_.load();
@@ -635,7 +681,8 @@ Status AgentImpl::SendReport(rendezvous::Report r) {
       }
     }
   }
-  r.stack_signal = env_.stack_signal;
+  const int registered = g_stack_signal.load();
+  r.stack_signal = registered > 0 ? registered : env_.stack_signal;
   if (r.message.size() > 4000) r.message.resize(4000);
   Status s = client_->SendReport(r);
   if (s.ok()) return s;
@@ -759,12 +806,17 @@ AgentImpl& InitAgent(AgentOptions options) {
     // A first round whose communicator could not connect (a peer died meanwhile) is
     // retried with the next one, as Run does.
     auto joined = agent->JoinNextRound(0);
-    while (!joined.ok() && joined.status().code() == Code::kAborted) {
+    while (!joined.ok() && joined.status().code() == Code::kAborted && !agent->ended()) {
       spdlog::warn("{}; joining the next round", joined.status().message());
       joined = agent->JoinNextRound(0);
     }
     if (!joined.ok()) {
-      ended->emplace(1, "elastic: " + joined.status().ToString());
+      try {
+        agent->ThrowIfEnded();  // the driver refused it, or never answered
+        ended->emplace(1, "elastic: " + joined.status().ToString());
+      } catch (const WorkerEnd& end) {
+        ended->emplace(end);
+      }
     } else if (!*joined) {
       ended->emplace(0, "this worker was scaled away before its first round; exiting 0");
     }

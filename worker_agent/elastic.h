@@ -51,6 +51,11 @@ class Agent {
 // The process's agent: reads the environment elastic-run gives, joins the job and builds the
 // first round's communicator on the first call; later calls return it. Run outside
 // elastic-run, it prints what is missing and exits 2.
+// What the agent does to the process: it ignores SIGPIPE when the program left it at the
+// default (a dead peer's socket must fail a collective, not end the process: a write to a
+// closed pipe then fails with EPIPE), and when the driver refuses the worker or stays
+// unreachable past --driver-timeout, Run exits 3 at the next commit or failed collective;
+// a process still running 30 s later is ended by the agent's thread (exit 3).
 Agent& Init();
 
 // Runs `train` until it returns, recovering from membership changes (docs/architecture.md,

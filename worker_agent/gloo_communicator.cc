@@ -230,8 +230,13 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::New(const Topology
                            std::to_string(topo.size));
   }
   // Gloo writes to its peers' sockets without MSG_NOSIGNAL on some paths: a peer that dies
-  // must surface as WorkerLostError, not kill this process with SIGPIPE.
-  signal(SIGPIPE, SIG_IGN);
+  // must surface as WorkerLostError, not kill this process with SIGPIPE. Only the default
+  // disposition is changed (a handler of the program's own stays); worker_agent/elastic.h
+  // and docs/python.md say so.
+  struct sigaction pipe_action {};
+  if (sigaction(SIGPIPE, nullptr, &pipe_action) == 0 && pipe_action.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
   try {
     std::string key;
     gloo::transport::tcp::attr attr = DeviceAttr(options, &key);

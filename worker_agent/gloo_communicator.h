@@ -69,7 +69,8 @@ class GlooCommunicator : public CommunicatorBase<RoundCommunicator> {
  public:
   // A communicator for `topo`, not connected yet (INVALID_ARGUMENT for a bad topology, or
   // UNAVAILABLE when the interface or address cannot be bound). Abort() works on it at once.
-  // Sets SIGPIPE to ignored for the process: a dead peer must not kill this one.
+  // Sets SIGPIPE to ignored for the process when it had the default disposition: a dead peer
+  // must not kill this one.
   static StatusOr<std::unique_ptr<GlooCommunicator>> New(const Topology& topo,
                                                          const GlooOptions& options);
   // Connects the pairs through `store`: publishes the addresses of this rank's pairs (one per

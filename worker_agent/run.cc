@@ -205,6 +205,7 @@ void RunLoop(State& state, const std::function<void(State&)>& train) {
     state.PrepareCheckpoints();  // on every rank: any of them can be rank 0 later
   }
   state.SetCommitHook([&agent, &state, &reported_round, &sync_time, &checkpoints] {
+    agent.ThrowIfEnded();  // the driver is gone for good: the commit ends the worker
     if (reported_round != agent.assignment().round) {
       reported_round = agent.assignment().round;
       agent.ReportCommitted(state.progress(), agent.last_rebuild(), sync_time);
@@ -235,6 +236,7 @@ void RunLoop(State& state, const std::function<void(State&)>& train) {
       agent.ReportFinished(state.version());
       return;
     } catch (const WorkerLostError& e) {
+      agent.ThrowIfEnded();  // the collective was aborted because the agent ended
       if (state.TakeCommitInterrupted()) {
         // Lost in the commit's own agreement, after its save: the values are that version
         // already (no program code ran since), so nothing is copied back.
@@ -264,11 +266,14 @@ void RunLoop(State& state, const std::function<void(State&)>& train) {
     // Join with the version this worker holds; a round whose communicator could not connect
     // (aborted, or a peer died meanwhile) is left for the next one.
     auto joined = agent.JoinNextRound(state.version());
-    while (!joined.ok() && joined.status().code() == Code::kAborted) {
+    while (!joined.ok() && joined.status().code() == Code::kAborted && !agent.ended()) {
       spdlog::warn("{}; joining the next round", joined.status().message());
       joined = agent.JoinNextRound(state.version());
     }
-    if (!joined.ok()) throw WorkerEnd(1, "elastic: " + joined.status().ToString());
+    if (!joined.ok()) {
+      agent.ThrowIfEnded();
+      throw WorkerEnd(1, "elastic: " + joined.status().ToString());
+    }
     if (!*joined) throw WorkerEnd(0, "this worker was scaled away; exiting 0");
     state.Reset(agent.assignment().rank, agent.assignment().size);
   }

@@ -87,6 +87,18 @@ class AgentImpl final : public Agent {
   // Stops the Watch thread (idempotent). Called at process exit for the Init() agent.
   void StopWatch();
 
+  // True once the agent has ended: the driver refused this worker's Watch, or stayed
+  // unreachable past --driver-timeout. Then the round's collectives are aborted (they throw
+  // WorkerLostError), every call to the driver fails at once, and Run ends the process with
+  // WorkerEnd (code 3) at its next commit, failed collective or join; if the process is still
+  // there kEndGrace later, the Watch thread ends it (exit 3), the last resort. Thread-safe.
+  bool ended() const { return ended_.load(); }
+  // Throws WorkerEnd(3, why) once ended(); else nothing.
+  void ThrowIfEnded() const;
+  // How long an ended agent lets the program end by itself (its `finally` blocks and atexit
+  // handlers run) before it ends the process.
+  static constexpr Duration kEndGrace = std::chrono::seconds(30);
+
   // Best-effort reports to the driver (failures are logged, not fatal). A COMMITTED report
   // carries what the commit made (step = version, epoch, cursor, samples) and, on a round's
   // first commit, the worker-side recovery phases; it blocks until sent.
@@ -112,6 +124,9 @@ class AgentImpl final : public Agent {
  private:
   AgentImpl(WorkerOptions env, AgentOptions options);
   void WatchLoop();
+  // The Watch thread ends the agent (ended()): says why, aborts the round's communicators and
+  // closes the driver's client; then waits kEndGrace for the process to end, and ends it.
+  void End(const std::string& why);
   // Clears this thread's parent-death signal once the worker joined (driver timeout > 0).
   void OutliveParent();
   void ReportLoop();
@@ -151,6 +166,9 @@ class AgentImpl final : public Agent {
   std::atomic<int64_t> aborted_round_{-1};   // newest round the driver aborted
   std::atomic<bool> stopping_{false};
   std::atomic<bool> driver_lost_{false};
+  std::atomic<bool> ended_{false};  // End() was called; end_why_ says why
+  mutable Mutex end_mu_;
+  std::string end_why_ ELASTIC_GUARDED_BY(end_mu_);
   std::atomic<bool> warned_reports_{false};  // a failed report during an outage, said once
   // When the Watch last broke (steady clock, nanoseconds): the outage's start while driver_lost_.
   std::atomic<int64_t> lost_since_ns_{0};
@@ -211,6 +229,12 @@ AgentImpl& InitAgent(AgentOptions options = {});
 
 // elastic::Run's recovery loop, which throws WorkerEnd where Run ends the process.
 void RunLoop(State& state, const std::function<void(State&)>& train);
+
+// The signal on which this process prints its stacks, registered by the program's runtime
+// (the Python package: faulthandler on SIGUSR2, unless the program handles it): told to the
+// driver in every report, before ELASTIC_STACK_SIGNAL (which a C++ program's launcher may
+// set). 1..64; anything else is ignored. Thread-safe; any time, before or after InitAgent.
+void SetStackSignal(int signal);
 
 // What elastic::Init and elastic::Run do with a WorkerEnd: the message (on stderr, or logged
 // when the code is 0), then exit(code).

@@ -80,7 +80,7 @@ def _register_stack_dump():
         faulthandler.register(signal.SIGUSR2, all_threads=True, chain=False)
     except (RuntimeError, ValueError):  # not the main thread
         return
-    os.environ["ELASTIC_STACK_SIGNAL"] = str(int(signal.SIGUSR2))
+    _C._set_stack_signal(int(signal.SIGUSR2))
 
 
 _register_stack_dump()

@@ -1,4 +1,5 @@
 """Helpers for the end-to-end tests: run elastic-run, wait for output lines, check processes."""
+import json
 import os
 import re
 import signal
@@ -6,6 +7,9 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
+
+import ledger
 
 PY = sys.executable  # the environment scripts/test.sh installs the package into
 
@@ -220,3 +224,198 @@ def end_jobs(marker, *jobs):
         except ProcessLookupError:
             pass
     assert not wait_no_marker(marker, timeout=15)
+
+
+# The event log (moved from test_elastic.py).
+class Discovery:
+    """A discovery script that prints a file; the test rewrites the file."""
+
+    def __init__(self, tmp_path, hosts):
+        self.file = tmp_path / "hosts.txt"
+        self.script = tmp_path / "discover.sh"
+        self.script.write_text(f"#!/bin/sh\ncat {self.file}\n")
+        self.script.chmod(0o755)
+        self.set(hosts)
+
+    def set(self, hosts):
+        tmp = self.file.with_suffix(".tmp")
+        tmp.write_text(hosts + "\n")
+        os.replace(tmp, self.file)
+
+
+def events(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(l) for l in f if l.strip()]
+
+
+def wait_event(path, pred, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for e in events(path):
+            if pred(e):
+                return e
+        time.sleep(0.05)
+    raise AssertionError(f"no matching event in {path}: {events(path)[-10:]}")
+
+
+def worker_pid(log, slot):
+    starts = [e for e in events(log) if e["event"] == "worker_started" and e["slot"] == slot]
+    return starts[-1]["pid"]
+
+
+# The event log's schema as the README documents it: event -> {field: type or tuple of types}.
+INT, NUM, STR, BOOL, NULL, LIST = int, (int, float), str, bool, type(None), list
+EVENT_SCHEMA = {
+    "discovery": {"ok": BOOL},
+    "host_added": {"host": STR}, "host_removed": {"host": STR},
+    "host_changed": {"host": STR, "slots": INT},
+    "host_blacklisted": {"host": STR, "cooldown": (int, float, NULL)},
+    "waiting_for_hosts": {"available": INT, "needed": INT},
+    "round_proposed": {"round": INT, "members": LIST, "removed": LIST, "reason": STR},
+    "round_withdrawn": {"round": INT, "reason": STR},
+    "fence": {"round": INT, "reason": STR},
+    "round_formed": {"round": INT, "members": LIST, "versions": LIST, "version": INT,
+                     "sync_required": BOOL},
+    "worker_started": {"slot": STR, "pid": INT, "spare": BOOL},
+    "spare_promoted": {"slot": STR, "round": INT},
+    "worker_start_failed": {"slot": STR, "error": STR},
+    "committed": {"slot": STR, "round": INT, "version": INT, "step": INT,
+                  "epoch": (int, NULL), "cursor": (int, NULL), "samples": (int, NULL)},
+    "worker_lost": {"slot": STR, "rank": (int, NULL)},
+    "worker_leaving": {"slot": STR, "rank": (int, NULL), "reason": STR},
+    "member_left": {"slot": STR, "round": INT},
+    "worker_exited": {"slot": STR, "rank": (int, NULL), "round": INT, "code": INT,
+                      "status": STR},
+    "recovery_phase": {"phase": STR, "seconds": NUM},
+    "holder_kept": {"slot": STR, "version": INT},
+    "state_lost": {"round": INT, "newest_committed": INT, "members": LIST, "start_over": BOOL},
+    "job_ending": {"code": INT, "message": STR}, "job_ended": {"code": INT, "message": STR},
+    "worker_hung": {"slot": STR, "rank": (int, NULL), "host": STR, "pid": INT, "step": INT,
+                    "reason": STR},
+    "round_hung": {"round": INT, "seconds": NUM},
+    "checkpoint_written": {"slot": STR, "version": INT, "step": INT, "epoch": (int, NULL),
+                           "path": STR, "seconds": NUM},
+    "checkpoint_failed": {"slot": STR, "version": INT, "message": STR},
+    "state_restored": {"round": INT, "slot": STR, "version": INT, "step": INT,
+                       "epoch": (int, NULL), "cursor": (int, NULL), "path": STR,
+                       "state_lost": BOOL, "steps_lost": INT},
+    "driver_resumed": {"resumed": BOOL, "outage_seconds": NUM},
+    "stacks_dumped": {"slot": STR, "pid": INT, "seconds": NUM},
+    "leading": {"store": STR, "standby": BOOL},
+    "leadership_lost": {"reason": STR},
+    "newcomer_started": {"slot": STR, "reason": STR},
+    "newcomer_ready": {"slot": STR, "seconds": NUM},
+    "newcomer_placed": {"slot": STR, "round": INT},
+    "straggler": {"slot": STR, "rank": INT, "host": STR, "compute_seconds": NUM,
+                  "wait_seconds": NUM, "median_seconds": NUM, "ratio": NUM, "window": INT,
+                  "action": STR, "decision": STR, "reason": STR,
+                  "steps_per_second_now": NUM, "steps_per_second_after": NUM},
+    "straggler_cleared": {"slot": STR, "rank": INT, "host": STR, "compute_seconds": NUM,
+                          "wait_seconds": NUM, "median_seconds": NUM, "ratio": NUM,
+                          "window": INT},
+    "progress": {"round": INT, "size": INT, "step": (int, NULL), "epoch": (int, NULL),
+                 "samples": (int, NULL), "samples_per_second": (int, float, NULL),
+                 "steps_per_second": (int, float, NULL)},
+}
+
+
+def check_event_schema(log, stragglers=False):
+    """Every event of the log has its fields, of their types. Unless the test made one, no
+    worker was named a straggler: a kill, a stop, a scale-up or a restart is not one."""
+    for e in events(log):
+        assert stragglers or e["event"] != "straggler", e
+        assert isinstance(e["ts"], float) and e["event"] in EVENT_SCHEMA, e
+        for field, kind in EVENT_SCHEMA[e["event"]].items():
+            assert field in e and isinstance(e[field], kind), (field, e)
+            if kind is INT or kind == (int, NULL):
+                assert not isinstance(e[field], bool), (field, e)
+        if "slot" in e:
+            assert re.fullmatch(r"[^\s:]+:\d+", e["slot"]), e
+
+
+# Python workers (moved from test_python_api.py).
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKERS = os.path.join(HERE, "workers")
+
+
+# Workers that outlive their driver (moved from test_driver_outage.py).
+def marked_env(marker, **extra):
+    env = dict(os.environ)
+    env["ELASTIC_TEST_MARK"] = marker
+    env.update(extra)
+    return env
+
+
+def workers(marker, slot=None):
+    """The live worker processes of the test (the marker, and a slot, in their environment:
+    the driver has the marker alone), found in /proc."""
+    want = b"ELASTIC_SLOT=" + (slot.encode() + b"\0" if slot else b"")
+    out = []
+    for pid in procs_with_marker(marker):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read()
+        except OSError:
+            continue
+        if (b"\0" + want) in env or env.startswith(want):
+            out.append(pid)
+    return sorted(out)
+
+
+def wait_workers(marker, n, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = workers(marker)
+        if len(pids) >= n:
+            return sorted(pids)
+        time.sleep(0.1)
+    raise AssertionError(f"{n} workers never started: {workers(marker)}")
+
+
+def kill_driver(job):
+    """SIGKILL of elastic-run alone (its workers are in process groups of their own)."""
+    os.kill(job.proc.pid, signal.SIGKILL)
+    job.proc.wait(10)
+    return time.time()
+
+
+# `elastic-run status` and the Prometheus endpoint (moved from test_operations.py).
+METRIC_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (-?[0-9.e+-]+|\+Inf|NaN)$')
+
+
+def scrape(url):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/plain")
+        text = r.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            assert line.startswith("# HELP ") or line.startswith("# TYPE ") or not line, line
+            continue
+        m = METRIC_LINE.match(line)
+        assert m, f"not Prometheus text: {line!r}"
+        values[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    return values
+
+
+def status(elastic_run, job_file, *extra):
+    return subprocess.run([elastic_run, "status", "--job-file", job_file, *extra],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30)
+
+
+def cpp_fault_free(elastic_run, example, *args):
+    """The hash of the C++ example's fault-free model (bit for bit the same at any number of
+    workers), as "hash HEX"."""
+    rc, out = run([elastic_run, "-np", "2", example] + list(args))
+    assert rc == 0, out
+    return "hash " + ledger.final_hash(out)
+
+
+def py_fault_free(elastic_run, tmp_path, epochs):
+    """The final weights of workers/train_state.py's fault-free run of `epochs` epochs."""
+    rc, out = run([elastic_run, "-np", "2", PY, os.path.join(WORKERS, "train_state.py"),
+                   str(epochs), str(tmp_path / "ff")], env=py_env(), timeout=180)
+    assert rc == 0, out
+    return out.split("final weights ")[1].split()[0]

@@ -12,50 +12,11 @@ import time
 
 import pytest
 
-from helpers import Job, procs_with_marker, wait_no_marker
+from helpers import Job, kill_driver, marked_env, wait_no_marker, wait_workers, workers
 import ledger
 
 TIMEOUT = 4  # --driver-timeout of these tests, in seconds
 SLACK = 5    # the issue's bound: every worker gone by the timeout + 5 s
-
-
-def marked_env(marker, **extra):
-    env = dict(os.environ)
-    env["ELASTIC_TEST_MARK"] = marker
-    env.update(extra)
-    return env
-
-
-def workers(marker, slot=None):
-    """The live worker processes of the test (the marker, and a slot, in their environment:
-    the driver has the marker alone), found in /proc."""
-    want = b"ELASTIC_SLOT=" + (slot.encode() + b"\0" if slot else b"")
-    out = []
-    for pid in procs_with_marker(marker):
-        try:
-            env = open(f"/proc/{pid}/environ", "rb").read()
-        except OSError:
-            continue
-        if (b"\0" + want) in env or env.startswith(want):
-            out.append(pid)
-    return sorted(out)
-
-
-def wait_workers(marker, n, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pids = workers(marker)
-        if len(pids) >= n:
-            return sorted(pids)
-        time.sleep(0.1)
-    raise AssertionError(f"{n} workers never started: {workers(marker)}")
-
-
-def kill_driver(job):
-    """SIGKILL of elastic-run alone (its workers are in process groups of their own)."""
-    os.kill(job.proc.pid, signal.SIGKILL)
-    job.proc.wait(10)
-    return time.time()
 
 
 def kill_driver_of_training(job, marker, n, pattern):
@@ -117,6 +78,8 @@ def test_cpp_workers_train_on_without_the_driver_then_exit_by_themselves(
     err0 = open(os.path.join(slots["localhost_0"], "stderr")).read()
     assert "lost the driver" in err0 and "training goes on without it" in err0, err0
     assert "unreachable for" in err0 and f"--driver-timeout {TIMEOUT} s" in err0, err0
+    # Ended by elastic::Run (its message, then exit(3)), not by the agent's last resort.
+    assert "\nelastic: the driver at " in err0 and "did not end within" not in err0, err0
     out0 = open(os.path.join(slots["localhost_0"], "stdout")).read()
     shown = sum(1 for l in job.lines if l.startswith("[0]<stdout>:epoch "))
     kept = sum(1 for l in out0.splitlines() if l.startswith("epoch "))
@@ -213,3 +176,53 @@ def test_a_job_that_ends_removes_its_output_spool(elastic_run, build_dir, tmp_pa
     assert "[0]<stdout>:final: " in job.text()
     assert "worker output is kept in " in job.text()
     assert glob.glob(str(runtime / "elastic-run" / "*.output")) == []
+
+
+def read_marks(prefix, rank):
+    try:
+        return open(f"{prefix}.{rank}").read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+@pytest.mark.parametrize("carry_on", [False, True], ids=["ends-its-own-way", "last-resort"])
+def test_a_worker_whose_driver_is_gone_ends_through_the_program(elastic_run, tmp_path,
+                                                                 carry_on):
+    """Past --driver-timeout the agent ends the worker through the program, never behind its
+    back: @elastic.run raises SystemExit(3) at the next collective or commit, and the program's
+    finally blocks and atexit handlers run. A program that catches the SystemExit and goes on
+    is ended by the agent's last resort (exit 3) 30 s later (AgentImpl::kEndGrace). The oracle
+    is the program's own marks and /proc."""
+    marker = f"outage-end-{int(carry_on)}-{os.getpid()}"
+    worker = os.path.join(os.path.dirname(__file__), "workers", "driver_gone.py")
+    marks = str(tmp_path / "marks")
+    out = tmp_path / "out"
+    job = Job([elastic_run, "-np", "2", "--driver-timeout", str(TIMEOUT), "--output-dir",
+               str(out), sys.executable, worker, marks] + (["--carry-on"] if carry_on else []),
+              env=marked_env(marker))
+    grace = 30
+    try:
+        killed_at = kill_driver_of_training(job, marker, 2, r"\[1\]<stdout>:rank 1 trains")
+        if carry_on:
+            # Both said the end reached them and carry on; the last resort ends them.
+            deadline = time.monotonic() + TIMEOUT + SLACK + 10
+            while time.monotonic() < deadline and not all(
+                    "carrying on" in read_marks(marks, r) for r in (0, 1)):
+                time.sleep(0.1)
+            assert workers(marker), "ended before the grace"
+            left = wait_no_marker(marker, timeout=TIMEOUT + grace + SLACK + 5)
+            assert not left, f"workers outlived the last resort: {left}"
+        else:
+            check_all_gone(marker, killed_at)
+    finally:
+        job.kill()
+        wait_no_marker(marker, timeout=15)
+    for rank in (0, 1):
+        seen = read_marks(marks, rank)
+        if carry_on:
+            assert seen == ["SystemExit 3", "carrying on"], seen
+        else:
+            assert seen == ["SystemExit 3", "finally", "atexit"], seen
+    err = (out / "localhost_0" / "stderr").read_text()
+    assert "unreachable for" in err and "Traceback" not in err, err
+    assert ("did not end within 30 s" in err) == carry_on, err
