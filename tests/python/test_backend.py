@@ -6,8 +6,7 @@ a GPU the same tests check the NCCL path is taken instead. tests/gpu/run.sh runs
 collectives themselves."""
 import os
 
-from helpers import run
-from test_python_api import PY, py_env
+from helpers import PY, py_env, run
 
 PROBE = ("import elastic, sys; elastic.init(); "
          "print(f'rank {elastic.rank()} backend {elastic.backend()}', flush=True)")

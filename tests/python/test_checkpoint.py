@@ -17,8 +17,8 @@ import uuid
 import pytest
 
 import ledger
-from helpers import Job, procs_with_marker, run
-from test_elastic import check_event_schema, events, wait_event, worker_pid
+from helpers import (Job, check_event_schema, events, procs_with_marker, run, wait_event,
+                     worker_pid)
 
 EPOCHS = 8
 ARGS = ["--epochs", str(EPOCHS), "--step-ms", "4", "--commit-every", "4"]
@@ -313,7 +313,7 @@ def test_torch_state_checkpoints_resume_and_load_outside_elastic_run(elastic_run
 
 def test_status_and_metrics_show_the_newest_checkpoint_and_the_failures(
         elastic_run, example, tmp_path):
-    from test_operations import scrape, status
+    from helpers import scrape, status
     folder, log, job_file = tmp_path / "ck", str(tmp_path / "events.jsonl"), str(tmp_path / "j")
     job = Job([elastic_run, "-np", "2", "--metrics-port", "0", "--job-file", job_file,
                "--event-log", log] + ckpt_args(folder, "0.2") + [example, "--epochs", "1000",

@@ -12,10 +12,9 @@ import time
 
 import pytest
 
-from helpers import Job, end_jobs as end, run, wait_no_marker
+from helpers import (Job, check_event_schema, end_jobs as end, kill_driver, marked_env, run,
+                     wait_no_marker, wait_workers, workers)
 import ledger
-from test_driver_outage import kill_driver, marked_env, wait_workers, workers
-from test_elastic import check_event_schema
 
 EPOCHS = 12
 SAMPLES = 4096
@@ -509,7 +508,7 @@ def test_a_member_sent_away_before_it_reattached_is_not_counted_lost(
     away, the member heard of it in its Join and ended before its own stream to the new driver
     was open again; `driver_resumed` counted it lost. A test hook holds that member's re-open
     for 4 s while its host is scaled down."""
-    from test_elastic import Discovery
+    from helpers import Discovery
     marker = f"adopt-away-{os.getpid()}"
     state, book, log = tmp_path / "state", str(tmp_path / "ledger"), tmp_path / "events.jsonl"
     disc = Discovery(tmp_path, "localhost:3")
@@ -580,7 +579,7 @@ def test_a_driver_killed_during_a_rendezvous_is_adopted_and_the_round_forms(
     test hook holds rank 0 in a commit for 5 s, so the round is proposed but not formed when
     the driver is SIGKILLed. The next driver proposes it again, the members and the newcomer
     (which waited in its Join for a driver) form it, and the job ends as a fault-free one."""
-    from test_elastic import Discovery
+    from helpers import Discovery
     marker = f"adopt-rdzv-{os.getpid()}"
     state, book, log = tmp_path / "state", str(tmp_path / "ledger"), tmp_path / "events.jsonl"
     disc = Discovery(tmp_path, "localhost:2")

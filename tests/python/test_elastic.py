@@ -1,140 +1,18 @@
 """Elasticity end to end: real processes under elastic-run, discovery through a file the test
 rewrites, the C++ logistic-regression example as the training program."""
-import json
 import os
-import re
 import signal
-import time
 
 import pytest
 
 import ledger
-from helpers import Job, run
-
-
-@pytest.fixture(scope="module")
-def example(build_dir):
-    return str(build_dir / "examples" / "logistic_regression")
-
-
-def fault_free(elastic_run, example, *args):
-    """The hash of the fault-free model (bit for bit the same at any number of workers)."""
-    rc, out = run([elastic_run, "-np", "2", example] + list(args))
-    assert rc == 0, out
-    return "hash " + ledger.final_hash(out)
+from helpers import (Discovery, Job, check_event_schema, cpp_fault_free, events, run, wait_event,
+                     worker_pid)
 
 
 @pytest.fixture(scope="module")
 def baseline(elastic_run, example):
-    return fault_free(elastic_run, example, "--epochs", "6")
-
-
-class Discovery:
-    """A discovery script that prints a file; the test rewrites the file."""
-
-    def __init__(self, tmp_path, hosts):
-        self.file = tmp_path / "hosts.txt"
-        self.script = tmp_path / "discover.sh"
-        self.script.write_text(f"#!/bin/sh\ncat {self.file}\n")
-        self.script.chmod(0o755)
-        self.set(hosts)
-
-    def set(self, hosts):
-        tmp = self.file.with_suffix(".tmp")
-        tmp.write_text(hosts + "\n")
-        os.replace(tmp, self.file)
-
-
-def events(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(l) for l in f if l.strip()]
-
-
-def wait_event(path, pred, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for e in events(path):
-            if pred(e):
-                return e
-        time.sleep(0.05)
-    raise AssertionError(f"no matching event in {path}: {events(path)[-10:]}")
-
-
-def worker_pid(log, slot):
-    starts = [e for e in events(log) if e["event"] == "worker_started" and e["slot"] == slot]
-    return starts[-1]["pid"]
-
-
-# The event log's schema as the README documents it: event -> {field: type or tuple of types}.
-INT, NUM, STR, BOOL, NULL, LIST = int, (int, float), str, bool, type(None), list
-EVENT_SCHEMA = {
-    "discovery": {"ok": BOOL},
-    "host_added": {"host": STR}, "host_removed": {"host": STR},
-    "host_changed": {"host": STR, "slots": INT},
-    "host_blacklisted": {"host": STR, "cooldown": (int, float, NULL)},
-    "waiting_for_hosts": {"available": INT, "needed": INT},
-    "round_proposed": {"round": INT, "members": LIST, "removed": LIST, "reason": STR},
-    "round_withdrawn": {"round": INT, "reason": STR},
-    "fence": {"round": INT, "reason": STR},
-    "round_formed": {"round": INT, "members": LIST, "versions": LIST, "version": INT,
-                     "sync_required": BOOL},
-    "worker_started": {"slot": STR, "pid": INT, "spare": BOOL},
-    "spare_promoted": {"slot": STR, "round": INT},
-    "worker_start_failed": {"slot": STR, "error": STR},
-    "committed": {"slot": STR, "round": INT, "version": INT, "step": INT,
-                  "epoch": (int, NULL), "cursor": (int, NULL), "samples": (int, NULL)},
-    "worker_lost": {"slot": STR, "rank": (int, NULL)},
-    "worker_leaving": {"slot": STR, "rank": (int, NULL), "reason": STR},
-    "member_left": {"slot": STR, "round": INT},
-    "worker_exited": {"slot": STR, "rank": (int, NULL), "round": INT, "code": INT,
-                      "status": STR},
-    "recovery_phase": {"phase": STR, "seconds": NUM},
-    "holder_kept": {"slot": STR, "version": INT},
-    "state_lost": {"round": INT, "newest_committed": INT, "members": LIST, "start_over": BOOL},
-    "job_ending": {"code": INT, "message": STR}, "job_ended": {"code": INT, "message": STR},
-    "worker_hung": {"slot": STR, "rank": (int, NULL), "host": STR, "pid": INT, "step": INT,
-                    "reason": STR},
-    "round_hung": {"round": INT, "seconds": NUM},
-    "checkpoint_written": {"slot": STR, "version": INT, "step": INT, "epoch": (int, NULL),
-                           "path": STR, "seconds": NUM},
-    "checkpoint_failed": {"slot": STR, "version": INT, "message": STR},
-    "state_restored": {"round": INT, "slot": STR, "version": INT, "step": INT,
-                       "epoch": (int, NULL), "cursor": (int, NULL), "path": STR,
-                       "state_lost": BOOL, "steps_lost": INT},
-    "driver_resumed": {"resumed": BOOL, "outage_seconds": NUM},
-    "stacks_dumped": {"slot": STR, "pid": INT, "seconds": NUM},
-    "leading": {"store": STR, "standby": BOOL},
-    "leadership_lost": {"reason": STR},
-    "newcomer_started": {"slot": STR, "reason": STR},
-    "newcomer_ready": {"slot": STR, "seconds": NUM},
-    "newcomer_placed": {"slot": STR, "round": INT},
-    "straggler": {"slot": STR, "rank": INT, "host": STR, "compute_seconds": NUM,
-                  "wait_seconds": NUM, "median_seconds": NUM, "ratio": NUM, "window": INT,
-                  "action": STR, "decision": STR, "reason": STR,
-                  "steps_per_second_now": NUM, "steps_per_second_after": NUM},
-    "straggler_cleared": {"slot": STR, "rank": INT, "host": STR, "compute_seconds": NUM,
-                          "wait_seconds": NUM, "median_seconds": NUM, "ratio": NUM,
-                          "window": INT},
-    "progress": {"round": INT, "size": INT, "step": (int, NULL), "epoch": (int, NULL),
-                 "samples": (int, NULL), "samples_per_second": (int, float, NULL),
-                 "steps_per_second": (int, float, NULL)},
-}
-
-
-def check_event_schema(log, stragglers=False):
-    """Every event of the log has its fields, of their types. Unless the test made one, no
-    worker was named a straggler: a kill, a stop, a scale-up or a restart is not one."""
-    for e in events(log):
-        assert stragglers or e["event"] != "straggler", e
-        assert isinstance(e["ts"], float) and e["event"] in EVENT_SCHEMA, e
-        for field, kind in EVENT_SCHEMA[e["event"]].items():
-            assert field in e and isinstance(e[field], kind), (field, e)
-            if kind is INT or kind == (int, NULL):
-                assert not isinstance(e[field], bool), (field, e)
-        if "slot" in e:
-            assert re.fullmatch(r"[^\s:]+:\d+", e["slot"]), e
+    return cpp_fault_free(elastic_run, example, "--epochs", "6")
 
 
 def check_exactly_once(prefix, samples, epochs, commit_every=4):
@@ -209,7 +87,7 @@ def test_exactly_once_under_kills_additions_and_removals(elastic_run, example, t
     book = str(tmp_path / "ledger")
     disc = Discovery(tmp_path, "localhost:3")
     args = ["--epochs", "30", "--step-ms", "10", "--commit-every", "3"]
-    want = fault_free(elastic_run, example, *args)
+    want = cpp_fault_free(elastic_run, example, *args)
     job = Job([elastic_run, "--min-np", "2", "--max-np", "4", "--host-discovery-script",
                str(disc.script), "--host-failure-limit", "0", "--event-log", log, example]
               + args + ["--ledger", book])

@@ -9,8 +9,7 @@ import signal
 import pytest
 
 import ledger
-from helpers import Job, run
-from test_elastic import check_event_schema, events, wait_event, worker_pid
+from helpers import Job, check_event_schema, events, run, wait_event, worker_pid
 
 ARGS = ["--epochs", "8", "--step-ms", "5", "--commit-every", "4"]
 
@@ -154,7 +153,7 @@ def test_a_slot_that_left_and_was_relaunched_is_a_member_like_any_other(
         elastic_run, example, tmp_path):
     """Found by the soak: a relaunched slot kept its predecessor's "leaving" mark, so a later
     scale-down never told it to go and it waited in Join until the job ended."""
-    from test_elastic import Discovery
+    from helpers import Discovery
     log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
     disc = Discovery(tmp_path, "localhost:3")
     args = ["--epochs", "20", "--step-ms", "5", "--commit-every", "4"]
@@ -191,7 +190,7 @@ def test_a_newcomer_killed_while_the_mesh_connects_does_not_strand_its_peers(
     for it are stuck until the driver's ABORT (or the dead pid) reaches them there. They must
     be back in Join within the 10 s rendezvous timeout (Gloo's own connect timeout is 60 s),
     so the next round forms with every survivor."""
-    from test_elastic import Discovery
+    from helpers import Discovery
     log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
     disc = Discovery(tmp_path, "localhost:3")
     job = Job([elastic_run, "--min-np", "2", "--host-discovery-script", str(disc.script),
@@ -296,7 +295,7 @@ def test_a_removed_host_that_alone_holds_the_state_hands_it_over_first(
     """Found by the soak (seed 609133795): discovery swapped the only host that held the state
     for a new one. Its worker was removed at once, the new round held nothing and the job
     ended with "state lost". It must stay one round, sync the newcomers, and then go."""
-    from test_elastic import Discovery
+    from helpers import Discovery
     log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
     disc = Discovery(tmp_path, "localhost:2")
     args = ["--epochs", "20", "--step-ms", "5", "--commit-every", "4"]

@@ -6,9 +6,7 @@ import os
 import pytest
 
 import ledger
-from helpers import Job, pid_alive, run
-from test_elastic import events
-from test_python_api import PY, WORKERS, fault_free, py_env
+from helpers import PY, WORKERS, Job, events, pid_alive, py_env, py_fault_free, run
 
 
 @pytest.mark.parametrize("how,hang_timeout,reason", [
@@ -19,7 +17,7 @@ from test_python_api import PY, WORKERS, fault_free, py_env
 ])
 def test_a_hung_worker_is_named_dumped_and_killed_and_the_survivors_finish(
         elastic_run, tmp_path, how, hang_timeout, reason):
-    want = fault_free(elastic_run, tmp_path, 4)
+    want = py_fault_free(elastic_run, tmp_path, 4)
     log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
     job = Job([elastic_run, "-np", "3", "--min-np", "2", "--hang-timeout", hang_timeout,
                "--event-log", log, PY, os.path.join(WORKERS, "train_state.py"), "4", book,

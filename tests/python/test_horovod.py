@@ -8,9 +8,7 @@ import re
 import signal
 
 import ledger
-from helpers import Job, run
-from test_elastic import Discovery, events, wait_event, worker_pid
-from test_python_api import PY, py_env
+from helpers import PY, Discovery, Job, events, py_env, run, wait_event, worker_pid
 
 WORKERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers")
 TRAIN = 1500  # training samples of the digits split

@@ -7,35 +7,10 @@ import re
 import signal
 import subprocess
 import time
-import urllib.request
 
 import pytest
 
-from helpers import Job, run
-from test_elastic import events, example, wait_event, worker_pid  # noqa: F401 (fixture)
-
-METRIC_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (-?[0-9.e+-]+|\+Inf|NaN)$')
-
-
-def scrape(url):
-    with urllib.request.urlopen(url, timeout=10) as r:
-        assert r.status == 200
-        assert r.headers["Content-Type"].startswith("text/plain")
-        text = r.read().decode()
-    values = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            assert line.startswith("# HELP ") or line.startswith("# TYPE ") or not line, line
-            continue
-        m = METRIC_LINE.match(line)
-        assert m, f"not Prometheus text: {line!r}"
-        values[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-    return values
-
-
-def status(elastic_run, job_file, *extra):
-    return subprocess.run([elastic_run, "status", "--job-file", job_file, *extra],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30)
+from helpers import Job, events, run, scrape, status, wait_event, worker_pid
 
 
 def test_status_metrics_and_progress_of_a_running_job_that_recovers(elastic_run, example,

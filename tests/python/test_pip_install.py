@@ -10,8 +10,7 @@ import sys
 import time
 
 import ledger
-from helpers import Job, run
-from test_elastic import events, worker_pid
+from helpers import Job, events, run, worker_pid
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORKER = str(ROOT / "tests" / "python" / "workers" / "train_state.py")

@@ -5,9 +5,7 @@ import os
 import re
 
 import ledger
-from helpers import Job, run
-from test_elastic import Discovery, events, fault_free, wait_event
-from test_python_api import PY, WORKERS, py_env
+from helpers import PY, WORKERS, Discovery, Job, cpp_fault_free, events, py_env, run, wait_event
 
 
 def test_horovods_reset_limit_scenario_grows_to_4_and_shrinks_to_3_within_2_resets(
@@ -18,7 +16,7 @@ def test_horovods_reset_limit_scenario_grows_to_4_and_shrinks_to_3_within_2_rese
     reset of its own, and the shrink was then the third."""
     example = str(build_dir / "examples" / "logistic_regression")
     args = ["--epochs", "30", "--step-ms", "10"]
-    want = fault_free(elastic_run, example, *args)
+    want = cpp_fault_free(elastic_run, example, *args)
     disc = Discovery(tmp_path, "localhost:2")
     slow = tmp_path / "slow_start.sh"
     slow.write_text('#!/bin/sh\n[ "$ELASTIC_SLOT" = localhost:3 ] && sleep 2\nexec "$@"\n')

@@ -9,11 +9,9 @@ import subprocess
 import pytest
 
 import ledger
-from helpers import PY, Job, py_env, run, wait_gone
-from test_elastic import events, worker_pid
+from helpers import PY, WORKERS, Job, events, py_env, py_fault_free, run, wait_gone, worker_pid
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-WORKERS = os.path.join(HERE, "workers")
+
 def test_the_package_imports_without_pythonpath():
     env = py_env()
     p = subprocess.run([PY, "-c", "import elastic, sys; print(elastic.__file__)"], env=env,
@@ -75,15 +73,8 @@ def test_a_script_runs_under_plain_python3_as_a_job_of_size_1():
     assert p.stderr.count("running as a job of size 1") == 1, p.stderr
 
 
-def fault_free(elastic_run, tmp_path, epochs):
-    rc, out = run([elastic_run, "-np", "2", PY, os.path.join(WORKERS, "train_state.py"),
-                   str(epochs), str(tmp_path / "ff")], env=py_env(), timeout=180)
-    assert rc == 0, out
-    return out.split("final weights ")[1].split()[0]
-
-
 def test_elastic_run_recovers_a_python_job_with_the_fault_free_model(elastic_run, tmp_path):
-    want = fault_free(elastic_run, tmp_path, 6)
+    want = py_fault_free(elastic_run, tmp_path, 6)
     log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
     job = Job([elastic_run, "-np", "3", "--min-np", "2", "--host-failure-limit", "0",
                "--event-log", log, PY, os.path.join(WORKERS, "train_state.py"), "6", book],
@@ -152,7 +143,7 @@ def test_sigterm_to_elastic_run_leaves_no_python_worker(elastic_run, tmp_path):
 
 
 def test_a_python_worker_that_leaves_is_re_formed_around(elastic_run, tmp_path):
-    want = fault_free(elastic_run, tmp_path, 4)
+    want = py_fault_free(elastic_run, tmp_path, 4)
     log, book = str(tmp_path / "events.jsonl"), str(tmp_path / "ledger")
     rc, out = run([elastic_run, "-np", "3", "--min-np", "2", "--event-log", log, PY,
                    os.path.join(WORKERS, "train_state.py"), "4", book, "--leave-at", "10"],

@@ -10,9 +10,8 @@ import uuid
 
 import pytest
 
-from helpers import Job, pid_alive, procs_with_marker, run, wait_no_marker
-from test_elastic import events
-from test_python_api import PY, WORKERS, py_env
+from helpers import (PY, WORKERS, Job, events, pid_alive, procs_with_marker, py_env, run,
+                     wait_no_marker)
 
 
 def marked_env(extra=None):
@@ -291,7 +290,7 @@ def test_a_round_that_changes_while_its_members_connect_is_left_at_once(elastic_
     # for a commit, and the others were still connecting to it. Here the member stops itself
     # while it connects round 0 and its slot is removed: round 1 must form while it is still
     # stopped (before the liveness timeout finds it), not after its process is gone.
-    from test_elastic import Discovery, events, wait_event
+    from helpers import Discovery, events, wait_event
     example = str(build_dir / "examples" / "logistic_regression")
     disc = Discovery(tmp_path, "localhost:3")
     log = str(tmp_path / "events.jsonl")

@@ -14,9 +14,8 @@ import urllib.request
 import pytest
 
 from cgroup import Throttle
-from helpers import Job, run
+from helpers import Job, check_event_schema, events, run, wait_event
 import ledger
-from test_elastic import check_event_schema, events, wait_event
 
 EPOCHS = 14
 SAMPLES = 4096
@@ -160,7 +159,7 @@ def test_a_throttled_pytorch_worker_is_named_a_straggler(elastic_run, tmp_path):
     """PyTorch workers (examples/train_digits.py: DistributedOptimizer's background
     allreduces beside the training thread), one of four throttled: it is named, and nothing
     else changes (the job ends as it would have)."""
-    from test_python_api import PY, py_env
+    from helpers import PY, py_env
     example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_digits.py")
     log = str(tmp_path / "events.jsonl")
     try:

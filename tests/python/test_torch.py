@@ -11,8 +11,7 @@ import signal
 import pytest
 
 import ledger
-from helpers import PY, Job, max_diff, py_env, run
-from test_elastic import Discovery, events, wait_event, worker_pid
+from helpers import PY, Discovery, Job, events, max_diff, py_env, run, wait_event, worker_pid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "train_digits.py")
@@ -94,8 +93,7 @@ def test_a_restarted_driver_adopts_a_pytorch_job_and_it_ends_as_a_fault_free_one
     back"): the PyTorch workers train on without it, the same command started again adopts
     them, and the round goes on: the same processes, no rollback, every sample once, the
     fault-free weights."""
-    from helpers import end_jobs as end
-    from test_driver_outage import kill_driver, wait_workers, workers
+    from helpers import end_jobs as end, kill_driver, wait_workers, workers
     marker = f"torch-adopt-{os.getpid()}"
     log, book = tmp_path / "events.jsonl", str(tmp_path / "ledger")
     saved = str(tmp_path / "model.pt")

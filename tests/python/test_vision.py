@@ -7,9 +7,7 @@ import signal
 import time
 
 import ledger
-from helpers import Job
-from test_elastic import events, wait_event, worker_pid
-from test_python_api import PY, py_env
+from helpers import PY, Job, events, py_env, wait_event, worker_pid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "train_vision.py")

@@ -9,7 +9,6 @@ import re
 import pytest
 
 from helpers import run
-from test_elastic import example  # noqa: F401  (a fixture)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 READS = re.compile(r'(?:getenv|Env|EnvFlag)\("(ELASTIC_[A-Z0-9_]+)"')
