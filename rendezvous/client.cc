@@ -282,7 +282,11 @@ Status Client::Watch(const std::string& slot, const std::function<void(const Eve
   bool opened = ctx.GetServerInitialMetadata().count("x-elastic-watch") > 0;
   if (opened && on_open) on_open();
   v1::Event ev;
-  while (opened && reader->Read(&ev)) on_event(FromProto(ev));
+  while (opened && reader->Read(&ev)) {
+    Event e;
+    // An event of a kind this worker does not know (a newer driver's) is not for it.
+    if (FromProto(ev, &e)) on_event(e);
+  }
   Status s = FromGrpc(reader->Finish());
   {
     MutexLock g(watch_mu_);

@@ -41,9 +41,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 2: {
       v1::Event e;
       if (!e.ParseFromArray(body, len)) return 0;
+      elastic::rendezvous::Event ours;
+      if (!elastic::rendezvous::FromProto(e, &ours)) break;
       v1::Event back;
-      elastic::rendezvous::ToProto(elastic::rendezvous::FromProto(e), &back);
-      if (back.round() != e.round() || back.message() != e.message()) std::abort();
+      elastic::rendezvous::ToProto(ours, &back);
+      if (back.round() != e.round() || back.message() != e.message() || back.kind() != e.kind()) {
+        std::abort();
+      }
       break;
     }
     default: {
