@@ -13,6 +13,26 @@
 
 namespace elastic::driver {
 
+// What is done with a straggler (--straggler-action; driver/policy_reports.cc).
+enum class StragglerAction {
+  kWarn,     // named only
+  kReplace,  // the next round goes without it, another worker in its place
+  kDrop,     // the job shrinks without it
+};
+
+// Its name on the command line and in the `straggler` event.
+inline const char* StragglerActionName(StragglerAction a) {
+  switch (a) {
+    case StragglerAction::kWarn:
+      return "warn";
+    case StragglerAction::kReplace:
+      return "replace";
+    case StragglerAction::kDrop:
+      return "drop";
+  }
+  return "warn";
+}
+
 struct DriverOptions {
   bool grpc_bdp_probe = false;  // ELASTIC_GRPC_BDP_PROBE=1 (read by driver/main.cc)
   std::vector<std::string> command;  // the worker program and its arguments
@@ -84,10 +104,10 @@ struct DriverOptions {
   Duration liveness_timeout = std::chrono::seconds(6);
   // Stragglers (driver/stragglers.h): a member whose compute per step is at least this many
   // times its peers' median throughout a window of `straggler_window` steps (commits) is
-  // named (0: no detection). What is done then: "warn" (the only action so far) names it.
+  // named (0: no detection). What is done then: `straggler_action`.
   double straggler_factor = 1.5;
   int straggler_window = 20;
-  std::string straggler_action = "warn";
+  StragglerAction straggler_action = StragglerAction::kWarn;
   // One progress line this often (0: none).
   Duration progress_interval = std::chrono::seconds(30);
   int metrics_port = -1;  // -1: no metrics endpoint; 0: any free port

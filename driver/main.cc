@@ -119,6 +119,8 @@ namespace {
 using elastic::FromSeconds;
 using elastic::Status;
 using elastic::driver::DriverOptions;
+using elastic::driver::StragglerAction;
+using elastic::driver::StragglerActionName;
 
 // The command line: DriverOptions, and what is checked or converted before it goes there (the
 // sizes, the host sources, seconds as numbers).
@@ -127,6 +129,7 @@ struct CommandLine {
   int np = 0, min_np = 0, max_np = 0;
   std::string host_list, hostfile, log_level;
   std::string store_ca, store_cert, store_key;  // --state-store-ca, -cert, -key (paths)
+  std::string straggler_action = "warn";        // o.straggler_action by its name
   bool verbose = false, no_shm = false;
   double discovery_interval = 1, discovery_timeout = 10, elastic_timeout = 600, start_timeout = 600,
          rendezvous_timeout = 60, grace = 5, hang_timeout = 0, liveness_timeout = 6,
@@ -196,13 +199,15 @@ void AddFailureOptions(CLI::App& app, CommandLine& c) {
                  "Steps (commits) a member must be slow throughout to be named a straggler "
                  "(20): one slow step, a pause or a fault is not one")
       ->check(CLI::Range(4, 1000000));
-  app.add_option("--straggler-action", o.straggler_action,
+  app.add_option("--straggler-action", c.straggler_action,
                  "What is done with a straggler: warn (name it: the default), replace (the "
                  "next round goes without it, a warm spare or a new worker on a free slot in "
                  "its place; its host counts a failure toward the blacklist) or drop (the job "
                  "shrinks without it, down to --min-np); either only when its estimated gain "
                  "pays for a round change, and at most once a minute")
-      ->check(CLI::IsMember({"warn", "replace", "drop"}));
+      ->check(CLI::IsMember(std::vector<std::string>{
+          StragglerActionName(StragglerAction::kWarn), StragglerActionName(StragglerAction::kReplace),
+          StragglerActionName(StragglerAction::kDrop)}));
   app.add_option("--hang-timeout", c.hang_timeout,
                  "Seconds a formed round may go without progress (a commit or a collective) "
                  "before the worker holding it up is named, its stacks dumped, and killed "
@@ -445,8 +450,12 @@ Status ResolveSizes(const CLI::App& app, CommandLine& c) {
         "--spares needs an elastic job (--min-np or --host-discovery-script): a "
         "fixed-size job ends at its first failure, so a spare would never be used");
   }
-  if (o.straggler_action != "warn" && !o.elastic) {
-    return Refuse("--straggler-action " + o.straggler_action +
+  for (StragglerAction a :
+       {StragglerAction::kWarn, StragglerAction::kReplace, StragglerAction::kDrop}) {
+    if (c.straggler_action == StragglerActionName(a)) o.straggler_action = a;
+  }
+  if (o.straggler_action != StragglerAction::kWarn && !o.elastic) {
+    return Refuse(std::string("--straggler-action ") + StragglerActionName(o.straggler_action) +
                   " needs an elastic job (--min-np or --host-discovery-script): a fixed-size "
                   "job cannot go on without a worker");
   }

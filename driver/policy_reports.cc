@@ -166,7 +166,7 @@ void Policy::WatchStraggler(Worker& w, const rendezvous::Report& r) {
     ++s_.stragglers;
     StragglerEstimate e = EstimateStraggler(*v, s_.formed_members.size());
     auto [decision, why, after] = DecideOnStraggler(w, e);
-    fields.emplace_back("action", d_.straggler_action);
+    fields.emplace_back("action", std::string(StragglerActionName(d_.straggler_action)));
     fields.emplace_back("decision", decision);
     fields.emplace_back("reason", why);
     fields.emplace_back("steps_per_second_now", e.now);
@@ -176,7 +176,7 @@ void Policy::WatchStraggler(Worker& w, const rendezvous::Report& r) {
                     "against its peers' median of {:.4f} s ({:.2f}x, throughout the last {} "
                     "steps), and its peers wait for it; --straggler-action {}: {}",
                     w.rank, r.slot, w.host, v->compute, v->median, v->ratio, d_.straggler_window,
-                    d_.straggler_action, why));
+                    StragglerActionName(d_.straggler_action), why));
     Event("straggler", std::move(fields));
     if (decision != "none") {
       // Out of the plan, and its slot gets no process, for the cooldown: the next round goes
@@ -198,18 +198,18 @@ void Policy::WatchStraggler(Worker& w, const rendezvous::Report& r) {
 std::tuple<std::string, std::string, double> Policy::DecideOnStraggler(Worker& w,
                                                                        const StragglerEstimate& e) {
   auto rate = [](double v) { return fmt::format("{:.1f}", v); };
-  if (d_.straggler_action == "warn") return {"none", "named only", 0.0};
+  if (d_.straggler_action == StragglerAction::kWarn) return {"none", "named only", 0.0};
   if (s_.evicted_at != TimePoint{} && Now() - s_.evicted_at < kStragglerCooldown) {
     return {"none",
             fmt::format("named only: a straggler was {} {:.0f} s ago, and none is again "
                         "within {:.0f} s",
-                        d_.straggler_action == "replace" ? "replaced" : "dropped",
+                        d_.straggler_action == StragglerAction::kReplace ? "replaced" : "dropped",
                         Secs(Now() - s_.evicted_at), Secs(kStragglerCooldown)),
             0.0};
   }
   if (s_.round != s_.formed) return {"none", "named only: a membership change is under way", 0.0};
   const size_t n = s_.formed_members.size();
-  if (d_.straggler_action == "replace") {
+  if (d_.straggler_action == StragglerAction::kReplace) {
     // The plan without it: the same size when a warm spare or a free slot takes its place.
     TimePoint kept = w.evicted_until;
     w.evicted_until = Now() + kStragglerCooldown;

@@ -1877,7 +1877,7 @@ TEST_CASE("policy: --straggler-action replace: the next round goes without it, a
   DriverOptions d = Static({{"h", 5}}, 4, 2);
   d.spares = 1;
   d.host_failure_limit = 2;  // counted, not yet blacklisted
-  d.straggler_action = "replace";
+  d.straggler_action = StragglerAction::kReplace;
   Job job(d);
   job.policy->Start(d.hosts);
   job.Take();
@@ -1908,7 +1908,7 @@ TEST_CASE("policy: --straggler-action replace: the next round goes without it, a
 TEST_CASE("policy: --straggler-action replace with no spare and no free slot only names it",
           "[unit]") {
   DriverOptions d = Static({{"h", 4}}, 4, 2);
-  d.straggler_action = "replace";
+  d.straggler_action = StragglerAction::kReplace;
   Job job(d);
   job.StartFormed({{"h", 4}}, kFour);
   job.Take();
@@ -1924,7 +1924,7 @@ TEST_CASE("policy: --straggler-action drop shrinks the job when that is faster, 
           "--min-np, once within the cooldown",
           "[unit]") {
   DriverOptions d = Static({{"h", 4}}, 4, 2);
-  d.straggler_action = "drop";
+  d.straggler_action = StragglerAction::kDrop;
   Job job(d);
   job.StartFormed({{"h", 4}}, kFour);
   job.Take();
@@ -1983,7 +1983,7 @@ TEST_CASE("policy: --straggler-action drop keeps a job at --min-np, and one that
     const int min_np = size == 4 ? 4 : 1;
     std::vector<std::string> members(kFour.begin(), kFour.begin() + size);
     DriverOptions d = Static({{"h", size}}, size, min_np);
-    d.straggler_action = "drop";
+    d.straggler_action = StragglerAction::kDrop;
     Job job(d);
     job.StartFormed({{"h", size}}, members);
     job.Take();
