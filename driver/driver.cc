@@ -22,6 +22,7 @@
 #include <random>
 
 #include "common/mutex.h"
+#include "driver/events.h"
 #include "driver/driver_internal.h"
 #include "driver/launch.h"
 
@@ -616,7 +617,7 @@ void Driver::StacksDumped(const std::string& slot, const std::string& text) {
   it->second->thread.join();
   int held = it->second->held_signal;
   double seconds = std::chrono::duration<double>(SteadyClock::now() - it->second->started).count();
-  log_.Write("stacks_dumped",
+  log_.Write(events::kStacksDumped,
              {{"slot", slot}, {"pid", int64_t{it->second->pid}}, {"seconds", seconds}});
   dumps_.erase(it);
   auto w = workers_.find(slot);
@@ -818,7 +819,7 @@ int Driver::Run() {
   } else {
     spdlog::error("elastic-run: {} (exit {})", policy_->final_message(), policy_->exit_code());
   }
-  log_.Write("job_ended",
+  log_.Write(events::kJobEnded,
              {{"code", int64_t{policy_->exit_code()}}, {"message", policy_->final_message()}});
   return policy_->exit_code();
 }

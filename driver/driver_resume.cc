@@ -20,6 +20,7 @@
 #include <random>
 
 #include "common/mutex.h"
+#include "driver/events.h"
 #include "driver/driver_internal.h"
 #include "driver/launch.h"
 
@@ -56,7 +57,7 @@ Status Driver::TakeLeadership() {
   if (standby_ended_) return Status::Ok();
   leadership_ = std::move(taken).value();
   spdlog::info("this driver leads the job in {}", url->text);
-  log_.Write("leading", {{"store", url->text}, {"standby", opts_.standby}});
+  log_.Write(events::kLeading, {{"store", url->text}, {"standby", opts_.standby}});
   return Status::Ok();
 }
 
@@ -65,7 +66,7 @@ void Driver::LostLeadership(const std::string& why) {
       "this driver no longer leads the job ({}); it ends now without touching the workers, "
       "which follow the driver that leads next (exit 3)",
       why);
-  log_.Write("leadership_lost", {{"reason", why}});
+  log_.Write(events::kLeadershipLost, {{"reason", why}});
   spdlog::default_logger()->flush();
   std::_Exit(3);
 }
@@ -176,9 +177,9 @@ Status Driver::OpenStateDir() {
         opts_.state_dir, ago,
         opts_.checkpoint_dir.empty() ? ""
                                      : ", from the newest checkpoint in " + opts_.checkpoint_dir);
-    log_.Write("driver_resumed", {{"resumed", false},
-                                  {"outage_seconds", ago},
-                                  {"reason", "every worker of the journal is gone"}});
+    log_.Write(events::kDriverResumed, {{"resumed", false},
+                                        {"outage_seconds", ago},
+                                        {"reason", "every worker of the journal is gone"}});
     DropJournal();
     return Status::Ok();
   }
@@ -301,8 +302,8 @@ void Driver::CheckReattached(bool time_up) {
                        {"reattach_seconds", took},
                        {"round", resume_->core.formed_round},
                        {"restarts", restarts_}};
-  log_.Write("driver_resumed", fields);
-  monitor_.OnEvent("driver_resumed", fields);
+  log_.Write(events::kDriverResumed, fields);
+  monitor_.OnEvent(events::kDriverResumed, fields);
   resumed_at_ = TimePoint{};
   reattach_pending_.clear();
 }

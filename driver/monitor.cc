@@ -1,3 +1,4 @@
+#include "driver/events.h"
 #include "driver/monitor.h"
 
 #include <dirent.h>
@@ -86,25 +87,25 @@ void Monitor::OnEvent(const std::string& name, const JsonFields& fields) {
     recoveries_.push_back(r);
     if (recoveries_.size() > 10) recoveries_.erase(recoveries_.begin());
   };
-  if (name == "round_formed") {
+  if (name == events::kRoundFormed) {
     counters_["elastic_rounds_total"] += 1;
-  } else if (name == "round_proposed") {
+  } else if (name == events::kRoundProposed) {
     if (Num(fields, "round") > 0) counters_["elastic_resets_total"] += 1;
-  } else if (name == "worker_started") {
+  } else if (name == events::kWorkerStarted) {
     counters_["elastic_workers_started_total"] += 1;
-  } else if (name == "host_blacklisted") {
+  } else if (name == events::kHostBlacklisted) {
     counters_["elastic_hosts_blacklisted_total"] += 1;
-  } else if (name == "worker_lost" && Str(fields, "phase") == "detect") {
+  } else if (name == events::kWorkerLost && Str(fields, "phase") == "detect") {
     counters_["elastic_failures_total{kind=\"exit\"}"] += 1;
     start("worker failed");
-  } else if (name == "worker_hung") {
+  } else if (name == events::kWorkerHung) {
     counters_["elastic_failures_total{kind=\"hang\"}"] += 1;
     start("worker hung: " + Str(fields, "reason").substr(0, 80));
-  } else if (name == "round_hung") {
+  } else if (name == events::kRoundHung) {
     counters_["elastic_failures_total{kind=\"round_hung\"}"] += 1;
-  } else if (name == "worker_leaving") {
+  } else if (name == events::kWorkerLeaving) {
     counters_["elastic_leaves_total"] += 1;
-  } else if (name == "recovery_phase") {
+  } else if (name == events::kRecoveryPhase) {
     std::string phase = Str(fields, "phase");
     double secs = Num(fields, "seconds");
     if (secs >= 0 && !phase.empty()) {

@@ -38,7 +38,7 @@ class Monitor {
  private:
   struct Recovery {
     double started = 0;  // seconds since the epoch
-    std::string cause;   // "worker_lost" / "worker_hung" / ...
+    std::string cause;   // the event that began it (events::kWorkerLost, kWorkerHung, ...)
     std::string slot;
     std::map<std::string, double> phases;  // phase -> seconds
     bool done = false;

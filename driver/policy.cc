@@ -5,6 +5,7 @@
 // policy_reports.cc (reports: commits, failures, stragglers, checkpoints), policy_rounds.cc
 // (rounds formed, join timeouts, members leaving, discovery, signals, the end of the job),
 // policy_hang.cc (hang detection, the job's view and progress, the timer).
+#include "driver/events.h"
 #include "driver/policy.h"
 
 #include <signal.h>
@@ -109,7 +110,7 @@ void Policy::Start(const std::vector<discovery::HostSlots>& hosts) {
   for (const auto& h : hosts) s_.last_listed_order.push_back(h.host);
   std::vector<std::string> names;
   for (const auto& h : hosts) names.push_back(h.host + ":" + std::to_string(h.slots));
-  Event("discovery", {{"hosts", names}, {"ok", true}});
+  Event(events::kDiscovery, {{"hosts", names}, {"ok", true}});
   Replan("start");
 }
 
@@ -229,7 +230,7 @@ void Policy::Replan(const std::string& reason) {
     Log(Action::kInfo, fmt::format("starting a new worker in slot {}; the job goes on without "
                                    "it and re-forms with it once it is ready",
                                    slot));
-    Event("newcomer_started", {{"slot", slot}, {"reason", reason}});
+    Event(events::kNewcomerStarted, {{"slot", slot}, {"reason", reason}});
   }
   if (!changes) {  // nothing to change
     TopUpSpares(plan);
@@ -285,7 +286,7 @@ void Policy::WarnKeptHolders(const PlanInput& in) {
                     "but its worker alone holds the newest state (version {}): it stays a "
                     "member until the state is handed over",
                     slot, w.host, w.version));
-    Event("holder_kept", {{"slot", slot}, {"version", w.version}});
+    Event(events::kHolderKept, {{"slot", slot}, {"version", w.version}});
   }
   s_.kept = in.keep;
 }
@@ -307,7 +308,7 @@ void Policy::WaitForHosts(size_t available, size_t need, const std::string& reas
     a.kind = Action::kWithdrawRound;
     a.round = s_.round;
     Emit(std::move(a));
-    Event("round_withdrawn", {{"round", s_.round}, {"reason", reason}});
+    Event(events::kRoundWithdrawn, {{"round", s_.round}, {"reason", reason}});
     Log(Action::kWarn, fmt::format("round {} withdrawn ({})", s_.round, reason));
   }
   if (s_.wait_until == TimePoint::max()) {
@@ -316,7 +317,7 @@ void Policy::WaitForHosts(size_t available, size_t need, const std::string& reas
     Log(Action::kWarn,
         fmt::format("{} slot(s) available, {} needed ({}); waiting up to {:.0f} s for hosts",
                     available, need, reason, Secs(limit)));
-    Event("waiting_for_hosts", {{"available", int64_t(available)}, {"needed", int64_t(need)}});
+    Event(events::kWaitingForHosts, {{"available", int64_t(available)}, {"needed", int64_t(need)}});
   }
 }
 
@@ -408,7 +409,7 @@ void Policy::ProposeAndFence(const std::vector<std::string>& plan, const PlanInp
   }
   Log(Action::kInfo, fmt::format("round {}: {} worker(s) [{}] ({})", s_.round, plan.size(),
                                  fmt::join(plan, " "), reason));
-  Event("round_proposed",
+  Event(events::kRoundProposed,
         {{"round", s_.round}, {"members", plan}, {"removed", propose.removed}, {"reason", reason}});
   Emit(std::move(propose));
   // Fence the old round: survivors stop at their next commit. Members of a formed round that
@@ -425,7 +426,7 @@ void Policy::ProposeAndFence(const std::vector<std::string>& plan, const PlanInp
       Emit(std::move(a));
     }
   }
-  if (old_round >= 0) Event("fence", {{"round", old_round}, {"reason", reason}});
+  if (old_round >= 0) Event(events::kFence, {{"round", old_round}, {"reason", reason}});
   PlaceMembers(plan, in);
 }
 
@@ -443,12 +444,12 @@ void Policy::PlaceMembers(const std::vector<std::string>& plan, const PlanInput&
         w.joiner = w.ready = w.paid = false;
         Log(Action::kInfo,
             fmt::format("round {}: the new worker in slot {} takes its place", s_.round, slot));
-        Event("newcomer_placed", {{"slot", slot}, {"round", s_.round}});
+        Event(events::kNewcomerPlaced, {{"slot", slot}, {"round", s_.round}});
         continue;
       }
       Log(Action::kInfo,
           fmt::format("round {}: the spare in slot {} takes a place", s_.round, slot));
-      Event("spare_promoted", {{"slot", slot}, {"round", s_.round}});
+      Event(events::kSparePromoted, {{"slot", slot}, {"round", s_.round}});
     } else if (!in.alive.count(slot)) {
       Launch(w, static_cast<int>(rank));
     }
@@ -516,7 +517,7 @@ void Policy::OnLaunched(const std::string& slot, int64_t pid) {
   it->second.pid = pid;
   ResetStragglerWindow(it->second);
   it->second.straggler = false;
-  Event("worker_started", {{"slot", slot}, {"pid", pid}, {"spare", it->second.spare}});
+  Event(events::kWorkerStarted, {{"slot", slot}, {"pid", pid}, {"spare", it->second.spare}});
 }
 
 void Policy::OnLaunchFailed(const std::string& slot, const Status& why) {
@@ -528,7 +529,7 @@ void Policy::OnLaunchFailed(const std::string& slot, const Status& why) {
   ++s_.failures;
   Log(Action::kError,
       fmt::format("cannot start the worker for slot {}: {}", slot, why.message()));
-  Event("worker_start_failed", {{"slot", slot}, {"error", why.message()}});
+  Event(events::kWorkerStartFailed, {{"slot", slot}, {"error", why.message()}});
   if (!d_.elastic) Terminate(why.code() == Code::kNotFound ? 127 : 1, why.message());
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "driver/events.h"
 #include "driver/failures.h"
 #include "driver/plan.h"
 #include "driver/policy.h"
@@ -25,11 +26,11 @@ void Policy::OnExit(const std::string& slot, int code, const std::string& how) {
   w.lost_at = TimePoint::max();
   w.start_failed = code > 0 && code < 128 && w.heard_at < w.launched_at;  // never heard
   std::string rank = Label(slot);
-  Event("worker_exited", {{"slot", slot},
-                          {"code", int64_t{code}},
-                          {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()},
-                          {"round", w.round},
-                          {"status", how}});
+  Event(events::kWorkerExited, {{"slot", slot},
+                                {"code", int64_t{code}},
+                                {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()},
+                                {"round", w.round},
+                                {"status", how}});
   if (s_.shutting_down) return;
   if (w.leaving) {
     Log(Action::kInfo, fmt::format("worker {} (slot {}) left the job: {}", rank, slot, how));
@@ -148,7 +149,7 @@ bool Policy::EndIfNoWorkerStarted(const Worker& last, const std::string& what) {
   if (d_.max_failures >= 0 || d_.reset_limit >= 0) return false;
   const int failed = EveryStartFailed(s_);
   if (failed == 0) return false;
-  Event("round_failed",
+  Event(events::kRoundFailed,
         {{"round", s_.round}, {"size", int64_t(failed)}, {"slot", last.slot}, {"message", what}});
   Terminate(1, fmt::format("every worker started so far ({}) exited before it connected to the "
                            "driver, and no round ever formed; the last: {} (its output is "
@@ -166,10 +167,10 @@ bool Policy::EndIfEveryMemberFailed() {
   if (first == nullptr) return false;
   std::string message = first->failure;
   if (message.size() > 2000) message = message.substr(0, 2000) + "...";
-  Event("round_failed", {{"round", s_.formed},
-                         {"size", int64_t(s_.formed_members.size())},
-                         {"slot", first->slot},
-                         {"message", message}});
+  Event(events::kRoundFailed, {{"round", s_.formed},
+                               {"size", int64_t(s_.formed_members.size())},
+                               {"slot", first->slot},
+                               {"message", message}});
   Terminate(1, fmt::format("every worker of round {} ({} of them) failed in its own code; the "
                            "first, worker {} (slot {}, host {}): {} (relaunching would fail "
                            "the same way; --max-failures N or --reset-limit N allow retries)",
@@ -187,16 +188,16 @@ void Policy::LoseWorker(Worker& w, const std::string& what) {
   s_.round_broken = true;
   s_.recovery_start = Now();
   s_.recovering = true;
-  Event("worker_lost", {{"slot", slot},
-                        {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()},
-                        {"phase", "detect"}});
+  Event(events::kWorkerLost, {{"slot", slot},
+                              {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()},
+                              {"phase", "detect"}});
   // Fail the survivors' collectives at once (a silent peer would otherwise cost a timeout):
   // the abort names the formed round the worker was in, so that its peers there fail
   // whatever they do in it (a collective, connecting) and those still joining it fail as
   // soon as they are in it. A worker that was only in a proposed round has no peers yet:
   // the members of the formed round are fenced by the new proposal, and roll nothing back.
   AbortFormedRound(slot, what);
-  Event("recovery_phase", {{"phase", "fence"}, {"seconds", Secs(Now() - s_.recovery_start)}});
+  Event(events::kRecoveryPhase, {{"phase", "fence"}, {"seconds", Secs(Now() - s_.recovery_start)}});
   RecordHostFailure(w, w.round, what);
   if (EndIfTooManyFailures(what)) return;
   Replan("worker " + rank + " failed");
@@ -224,7 +225,7 @@ void Policy::RecordHostFailure(const Worker& w, int64_t round, const std::string
   Log(Action::kWarn,
       fmt::format("host {} is blacklisted{} ({})", w.host,
                   forever ? "" : fmt::format(" for {:.1f} s", Secs(hosts_.LastCooldown())), what));
-  Event("host_blacklisted",
+  Event(events::kHostBlacklisted,
         {{"host", w.host},
          {"cooldown", forever ? JsonValue() : JsonValue(Secs(hosts_.LastCooldown()))}});
 }

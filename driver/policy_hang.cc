@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "driver/events.h"
 #include "driver/hang.h"
 #include "driver/plan.h"
 #include "driver/policy.h"
@@ -33,7 +34,7 @@ void Policy::CheckHang() {
   if (v.kind == HangVerdict::kRoundHung) {
     // No member stands out (all wait in the same collective): the round is re-formed.
     Log(Action::kWarn, span + "; no member stands out; aborting the round and re-forming");
-    Event("round_hung", {{"round", s_.formed}, {"seconds", Secs(v.stalled)}});
+    Event(events::kRoundHung, {{"round", s_.formed}, {"seconds", Secs(v.stalled)}});
     AbortRound("", span);
     s_.formed_at = Now();
     s_.round_broken = true;
@@ -47,12 +48,12 @@ void Policy::CheckHang() {
 }
 
 void Policy::HungEvent(const Worker& w, const std::string& why) {
-  Event("worker_hung", {{"slot", w.slot},
-                        {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()},
-                        {"host", w.host},
-                        {"pid", w.pid},
-                        {"step", w.step},
-                        {"reason", why}});
+  Event(events::kWorkerHung, {{"slot", w.slot},
+                              {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()},
+                              {"host", w.host},
+                              {"pid", w.pid},
+                              {"step", w.step},
+                              {"reason", why}});
 }
 
 void Policy::CheckExitHang() {
@@ -195,13 +196,14 @@ void Policy::Progress() {
   s_.progress_at = now;
   Log(Action::kInfo, line);
   auto known = [](int64_t x) { return x >= 0 ? JsonValue(x) : JsonValue(); };
-  Event("progress", {{"round", s_.formed},
-                     {"size", int64_t(v.members.size())},
-                     {"step", known(step)},
-                     {"epoch", known(epoch)},
-                     {"samples", known(samples)},
-                     {"samples_per_second", rate >= 0 ? JsonValue(rate) : JsonValue()},
-                     {"steps_per_second", step_rate >= 0 ? JsonValue(step_rate) : JsonValue()}});
+  Event(events::kProgress,
+        {{"round", s_.formed},
+         {"size", int64_t(v.members.size())},
+         {"step", known(step)},
+         {"epoch", known(epoch)},
+         {"samples", known(samples)},
+         {"samples_per_second", rate >= 0 ? JsonValue(rate) : JsonValue()},
+         {"steps_per_second", step_rate >= 0 ? JsonValue(step_rate) : JsonValue()}});
 }
 
 void Policy::OnTimer() {

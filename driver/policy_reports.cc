@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "driver/events.h"
 #include "driver/plan.h"
 #include "driver/policy.h"
 #include "driver/stragglers.h"
@@ -102,9 +103,9 @@ void Policy::OnCommitReport(Worker& w, const rendezvous::Report& r) {
     s_.first_commit_logged = true;
     if (s_.recovering) {
       // The worker's own phases (durations) ride on its first commit report.
-      Event("recovery_phase", {{"phase", "rebuild"}, {"seconds", r.rebuild_seconds}});
-      Event("recovery_phase", {{"phase", "sync"}, {"seconds", r.sync_seconds}});
-      Event("recovery_phase",
+      Event(events::kRecoveryPhase, {{"phase", "rebuild"}, {"seconds", r.rebuild_seconds}});
+      Event(events::kRecoveryPhase, {{"phase", "sync"}, {"seconds", r.sync_seconds}});
+      Event(events::kRecoveryPhase,
             {{"phase", "first_step"}, {"seconds", Secs(Now() - s_.recovery_start)}});
       s_.recovering = false;
     }
@@ -116,13 +117,13 @@ void Policy::OnCommitReport(Worker& w, const rendezvous::Report& r) {
   if (w.logged_round != r.round) {
     w.logged_round = r.round;
     auto known = [](int64_t v) { return v >= 0 ? JsonValue(v) : JsonValue(); };
-    Event("committed", {{"slot", r.slot},
-                        {"round", r.round},
-                        {"version", r.version},
-                        {"step", r.step},
-                        {"epoch", known(r.epoch)},
-                        {"cursor", known(r.cursor)},
-                        {"samples", known(r.samples)}});
+    Event(events::kCommitted, {{"slot", r.slot},
+                               {"round", r.round},
+                               {"version", r.version},
+                               {"step", r.step},
+                               {"epoch", known(r.epoch)},
+                               {"cursor", known(r.cursor)},
+                               {"samples", known(r.samples)}});
   }
   if (s_.finishing && !s_.finisher.empty()) {
     const Worker& f = s_.workers.at(s_.finisher);
@@ -177,7 +178,7 @@ void Policy::WatchStraggler(Worker& w, const rendezvous::Report& r) {
                     "steps), and its peers wait for it; --straggler-action {}: {}",
                     w.rank, r.slot, w.host, v->compute, v->median, v->ratio, d_.straggler_window,
                     StragglerActionName(d_.straggler_action), why));
-    Event("straggler", std::move(fields));
+    Event(events::kStraggler, std::move(fields));
     if (decision != "none") {
       // Out of the plan, and its slot gets no process, for the cooldown: the next round goes
       // without it (it leaves at its next commit, as a scaled-away member does).
@@ -191,7 +192,7 @@ void Policy::WatchStraggler(Worker& w, const rendezvous::Report& r) {
         fmt::format("worker {} (slot {}) is no longer a straggler: {:.4f} s of compute a step "
                     "against its peers' median of {:.4f} s ({:.2f}x)",
                     w.rank, r.slot, v->compute, v->median, v->ratio));
-    Event("straggler_cleared", std::move(fields));
+    Event(events::kStragglerCleared, std::move(fields));
   }
 }
 
@@ -266,17 +267,18 @@ void Policy::OnCheckpointReport(const Worker& w, const rendezvous::Report& r) {
     }
     Log(Action::kDebug, fmt::format("checkpoint of version {} written to {} in {:.3f} s", r.version,
                                     r.message, r.seconds));
-    Event("checkpoint_written", {{"slot", r.slot},
-                                 {"version", r.version},
-                                 {"step", r.step},
-                                 {"epoch", known(r.epoch)},
-                                 {"path", r.message},
-                                 {"seconds", r.seconds}});
+    Event(events::kCheckpointWritten, {{"slot", r.slot},
+                                       {"version", r.version},
+                                       {"step", r.step},
+                                       {"epoch", known(r.epoch)},
+                                       {"path", r.message},
+                                       {"seconds", r.seconds}});
     return;
   }
   if (r.kind == rendezvous::ReportKind::kCheckpointFailed) {
     ++s_.checkpoint_failures;
-    Event("checkpoint_failed", {{"slot", r.slot}, {"version", r.version}, {"message", r.message}});
+    Event(events::kCheckpointFailed,
+          {{"slot", r.slot}, {"version", r.version}, {"message", r.message}});
     // Said once per cause (the text after the last ": ", e.g. "No space left on device"; the
     // paths before it differ from version to version), not every interval.
     auto cause = [](const std::string& m) {
@@ -302,16 +304,16 @@ void Policy::OnCheckpointReport(const Worker& w, const rendezvous::Report& r) {
             lost ? "state restored from" : "resuming from", r.version, r.step,
             r.epoch >= 0 ? ", epoch " + std::to_string(r.epoch) : "", r.message,
             lost ? fmt::format("; {} committed step(s) since it are lost", steps_lost) : ""));
-    Event("state_restored", {{"round", r.round},
-                             {"slot", r.slot},
-                             {"version", r.version},
-                             {"step", r.step},
-                             {"epoch", known(r.epoch)},
-                             {"cursor", known(r.cursor)},
-                             {"path", r.message},
-                             {"state_lost", lost},
-                             {"steps_lost", steps_lost},
-                             {"lost_in_round", lost ? s_.lost_round : int64_t{-1}}});
+    Event(events::kStateRestored, {{"round", r.round},
+                                   {"slot", r.slot},
+                                   {"version", r.version},
+                                   {"step", r.step},
+                                   {"epoch", known(r.epoch)},
+                                   {"cursor", known(r.cursor)},
+                                   {"path", r.message},
+                                   {"state_lost", lost},
+                                   {"steps_lost", steps_lost},
+                                   {"lost_in_round", lost ? s_.lost_round : int64_t{-1}}});
     if (lost) s_.restore_round = -1;
     if (!lost) s_.resumed_version = r.version;
     return;

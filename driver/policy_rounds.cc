@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "driver/events.h"
 #include "driver/plan.h"
 #include "driver/policy.h"
 #include "driver/stragglers.h"
@@ -42,7 +43,7 @@ void Policy::NoteStateLost(const rendezvous::FormedRound& f) {
                     {"members", f.members},
                     {"start_over", d_.checkpoint_dir.empty()}};
   if (!d_.checkpoint_dir.empty()) fields.emplace_back("from_checkpoint", true);
-  Event("state_lost", std::move(fields));
+  Event(events::kStateLost, std::move(fields));
 }
 
 void Policy::OnRoundFormed(const rendezvous::FormedRound& f) {
@@ -89,23 +90,23 @@ void Policy::OnRoundFormed(const rendezvous::FormedRound& f) {
                   f.sync_required ? fmt::format(", state synced from rank 0 to [{}]",
                                                 fmt::join(behind.empty() ? f.members : behind, " "))
                                   : ""));
-  Event("round_formed", {{"round", f.round},
-                         {"members", f.members},
-                         {"versions", f.versions},
-                         {"version", f.version},
-                         {"sync_required", f.sync_required}});
+  Event(events::kRoundFormed, {{"round", f.round},
+                               {"members", f.members},
+                               {"versions", f.versions},
+                               {"version", f.version},
+                               {"sync_required", f.sync_required}});
   if (s_.recovering) {
-    Event("recovery_phase",
+    Event(events::kRecoveryPhase,
           {{"phase", "rendezvous"}, {"seconds", Secs(Now() - s_.recovery_start)}});
   }
 }
 
 void Policy::OnStateLost(const rendezvous::FormedRound& f) {
   if (f.round != s_.round || s_.shutting_down) return;
-  Event("state_lost", {{"round", f.round},
-                       {"newest_committed", f.newest_committed},
-                       {"members", f.members},
-                       {"start_over", false}});
+  Event(events::kStateLost, {{"round", f.round},
+                             {"newest_committed", f.newest_committed},
+                             {"members", f.members},
+                             {"start_over", false}});
   Terminate(1, "state lost: commits up to version " + std::to_string(f.newest_committed) +
                    " were made, but no worker of round " + std::to_string(f.round) +
                    " holds any (every holder is gone); pass --start-over-if-state-lost to "
@@ -135,7 +136,7 @@ void Policy::OnJoinTimeout(int64_t round, const std::vector<std::string>& missin
     Log(Action::kWarn, why + "; dumping their stacks and aborting round " +
                            std::to_string(s_.formed) +
                            ": they roll back to their last commit and get another wait");
-    Event("round_hung", {{"round", s_.formed}, {"seconds", Secs(Now() - s_.formed_at)}});
+    Event(events::kRoundHung, {{"round", s_.formed}, {"seconds", Secs(Now() - s_.formed_at)}});
     for (const auto& slot : stuck) DumpStacks(s_.workers.at(slot));
     AbortRound("", why);  // and their waits start again
   }
@@ -216,7 +217,7 @@ void Policy::OnMemberLeft(int64_t round, const std::string& slot) {
   AbortFormedRound(slot, why);
   if (s_.round == s_.formed) {
     Log(Action::kWarn, why + " on its own; re-forming");
-    Event("member_left", {{"slot", slot}, {"round", round}});
+    Event(events::kMemberLeft, {{"slot", slot}, {"round", round}});
     s_.round_broken = true;
     Replan(why);
   }
@@ -228,9 +229,9 @@ void Policy::HandleLeaving(Worker& w, const std::string& why) {
   std::string rank = Label(w.slot);
   Log(Action::kInfo, fmt::format("worker {} (slot {}) is leaving{}{}; re-forming without it", rank,
                                  w.slot, why.empty() ? "" : ": ", why));
-  Event("worker_leaving", {{"slot", w.slot},
-                           {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()},
-                           {"reason", why}});
+  Event(events::kWorkerLeaving, {{"slot", w.slot},
+                                 {"rank", w.rank >= 0 ? JsonValue(int64_t{w.rank}) : JsonValue()},
+                                 {"reason", why}});
   if (IsMember(w.slot)) {
     s_.round_broken = true;
     Replan("worker " + rank + " is leaving");
@@ -246,7 +247,7 @@ void Policy::OnWaitingForPlace(const std::string& slot) {
   Log(Action::kInfo, fmt::format("the new worker in slot {} is ready ({:.1f} s after its start); "
                                  "the job re-forms with it at the next commit",
                                  slot, Secs(Now() - w.launched_at)));
-  Event("newcomer_ready", {{"slot", slot}, {"seconds", Secs(Now() - w.launched_at)}});
+  Event(events::kNewcomerReady, {{"slot", slot}, {"seconds", Secs(Now() - w.launched_at)}});
   if (Gathering(w)) return;
   Replan("the new worker in slot " + slot + " is ready");
 }
@@ -283,7 +284,7 @@ void Policy::OnDiscovery(const StatusOr<std::vector<discovery::HostSlots>>& resu
   if (!result.ok()) {
     Log(Action::kWarn,
         "discovery failed; keeping the last good host set: " + result.status().message());
-    Event("discovery", {{"ok", false}, {"error", result.status().message()}});
+    Event(events::kDiscovery, {{"ok", false}, {"error", result.status().message()}});
     return;
   }
   const auto& listed = result.value();
@@ -298,12 +299,12 @@ void Policy::OnDiscovery(const StatusOr<std::vector<discovery::HostSlots>>& resu
   if (change.empty()) return;
   std::vector<std::string> names;
   for (const auto& h : listed) names.push_back(h.host + ":" + std::to_string(h.slots));
-  Event("discovery", {{"hosts", names}, {"ok", true}});
-  for (const auto& h : change.added) Event("host_added", {{"host", h}});
-  for (const auto& h : change.removed) Event("host_removed", {{"host", h}});
+  Event(events::kDiscovery, {{"hosts", names}, {"ok", true}});
+  for (const auto& h : change.added) Event(events::kHostAdded, {{"host", h}});
+  for (const auto& h : change.removed) Event(events::kHostRemoved, {{"host", h}});
   for (const auto& h : change.changed) {
     for (const auto& l : listed) {
-      if (l.host == h) Event("host_changed", {{"host", h}, {"slots", int64_t{l.slots}}});
+      if (l.host == h) Event(events::kHostChanged, {{"host", h}, {"slots", int64_t{l.slots}}});
     }
   }
   Log(Action::kInfo, fmt::format("hosts changed: +[{}] -[{}] ~[{}]", fmt::join(change.added, " "),
@@ -327,7 +328,7 @@ void Policy::Terminate(int code, const std::string& message) {
   s_.exit_code = code;
   s_.final_message = message;
   s_.wait_until = TimePoint::max();
-  Event("job_ending", {{"code", int64_t{code}}, {"message", message}});
+  Event(events::kJobEnding, {{"code", int64_t{code}}, {"message", message}});
   bool any = false;
   for (auto& [slot, w] : s_.workers) {
     w.lost_at = TimePoint::max();

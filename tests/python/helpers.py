@@ -295,6 +295,7 @@ EVENT_SCHEMA = {
     "worker_hung": {"slot": STR, "rank": (int, NULL), "host": STR, "pid": INT, "step": INT,
                     "reason": STR},
     "round_hung": {"round": INT, "seconds": NUM},
+    "round_failed": {"round": INT, "size": INT, "slot": STR, "message": STR},
     "checkpoint_written": {"slot": STR, "version": INT, "step": INT, "epoch": (int, NULL),
                            "path": STR, "seconds": NUM},
     "checkpoint_failed": {"slot": STR, "version": INT, "message": STR},
