@@ -174,6 +174,7 @@ void Policy::AbortFormedRound(const std::string& gone, const std::string& why) {
 }
 
 void Policy::AbortRound(const std::string& skip, const std::string& why) {
+  const bool first = s_.aborted < s_.formed;
   s_.aborted = s_.formed;
   Action again;
   again.kind = Action::kRestartWait;
@@ -184,14 +185,20 @@ void Policy::AbortRound(const std::string& skip, const std::string& why) {
     a.slot = slot;
     a.event = rendezvous::Event{EventKind::kAbort, s_.formed, why};
     Emit(std::move(a));
-    again.slots.push_back(slot);
+    auto it = s_.workers.find(slot);
+    if (first && it != s_.workers.end() && it->second.running && !it->second.dropped &&
+        it->second.round == s_.formed) {
+      again.slots.push_back(slot);
+    }
   }
   // An aborted member rolls back to its last commit before it can join: its wait starts now.
   // A pending proposal may have expected it for most of the rendezvous timeout already (while
   // it sat in the collective this abort ends), and the core carries that wait over into the
   // proposal that follows; once aborted, a member missing its wait is dropped, not aborted
   // again (OnJoinTimeout), so without a new wait the state's holders could be killed the
-  // moment after their abort.
+  // moment after their abort. Only the round's first abort gives one, and only to the
+  // processes of the round (not a slot's newer process, nor a dropped one): later losses do
+  // not keep pushing the wait of a member that ignores the abort.
   if (!again.slots.empty()) Emit(std::move(again));
 }
 

@@ -161,6 +161,7 @@ void AgentImpl::StopWatch() {
   stopping_.store(true);
   client_->CancelWatch();
   if (watch_.joinable()) watch_.join();
+  if (end_watchdog_.joinable()) end_watchdog_.join();  // started by the Watch thread (End)
   {
     MutexLock g(report_mu_);
     report_stop_ = true;
@@ -294,35 +295,38 @@ void AgentImpl::WatchLoop() {
 }
 
 void AgentImpl::End(const std::string& why) {
+  spdlog::critical("{}; the training thread ends at its next commit, collective or join "
+                   "(exit 3), and this process within {:.0f} s at the latest",
+                   why, std::chrono::duration<double>(kEndGrace).count());
+  // The last resort, armed first (an abort below may block, e.g. on a wedged GPU): for a
+  // program that does not reach its next collective or commit in time (a training thread
+  // stuck elsewhere, or one that caught the end and went on), the process ends here. A
+  // process that ends meanwhile stops it (StopWatch, at exit, joins it after the Watch thread).
+  end_watchdog_ = std::thread([this, why] {
+    const TimePoint until = SteadyClock::now() + kEndGrace;
+    while (!stopping_.load() && SteadyClock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (stopping_.load()) return;
+    spdlog::critical("the process did not end within {:.0f} s of this worker's end ({}); "
+                     "ending it (exit 3)",
+                     std::chrono::duration<double>(kEndGrace).count(), why);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(3);
+  });
   {
     MutexLock g(end_mu_);
     end_why_ = why;
   }
-  ended_.store(true);
-  spdlog::critical("{}; the training thread ends at its next commit, collective or join "
-                   "(exit 3), and this process within {:.0f} s at the latest",
-                   why, std::chrono::duration<double>(kEndGrace).count());
-  {
-    MutexLock g(comm_mu_);
-    if (comm_) comm_->Abort();
-    if (nccl_) nccl_->Abort();
-    if (nccl_parent_) nccl_parent_->Abort();
-  }
+  // Closed before the end is visible: the training thread, ending, reports nothing more (a
+  // refused stray's report would be pinned on the slot's real process).
   client_->Close(why);
-  // The last resort, for a program that does not reach its next collective or commit in time
-  // (a training thread stuck elsewhere, or one that caught the end and went on): the process
-  // ends here. A process that ends meanwhile stops this thread (StopWatch, at exit).
-  const TimePoint until = SteadyClock::now() + kEndGrace;
-  while (!stopping_.load() && SteadyClock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  if (stopping_.load()) return;
-  spdlog::critical("the process did not end within {:.0f} s of this worker's end ({}); "
-                   "ending it (exit 3)",
-                   std::chrono::duration<double>(kEndGrace).count(), why);
-  std::fflush(stdout);
-  std::fflush(stderr);
-  std::_Exit(3);
+  ended_.store(true);
+  MutexLock g(comm_mu_);
+  if (comm_) comm_->Abort();
+  if (nccl_) nccl_->Abort();
+  if (nccl_parent_) nccl_parent_->Abort();
 }
 
 void AgentImpl::ThrowIfEnded() const {

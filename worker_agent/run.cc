@@ -228,6 +228,7 @@ void RunLoop(State& state, const std::function<void(State&)>& train) {
         sync_time = SteadyClock::now() - t0;
       }
       train(state);
+      agent.ThrowIfEnded();  // no final checkpoint from a worker that was refused or given up
       if (checkpoints) {
         checkpoints->WriteFinal(state);
         checkpoints->Finish();
@@ -255,11 +256,14 @@ void RunLoop(State& state, const std::function<void(State&)>& train) {
     } catch (const WorkerEnd&) {
       throw;  // not the program's failure: the process ends as told
     } catch (const std::exception& e) {
+      // The agent's end as the program raised it on (Python's SystemExit): not a failure.
+      if (agent.ended()) throw;
       // A failure of the program's own: the driver hears it (synchronously, before this
       // process ends) so that it can tell one rank's crash from every rank's same error.
       agent.ReportFailed(e.what());
       throw;
     } catch (...) {
+      if (agent.ended()) throw;
       agent.ReportFailed("an exception that is not a std::exception");
       throw;
     }

@@ -124,8 +124,9 @@ class AgentImpl final : public Agent {
  private:
   AgentImpl(WorkerOptions env, AgentOptions options);
   void WatchLoop();
-  // The Watch thread ends the agent (ended()): says why, aborts the round's communicators and
-  // closes the driver's client; then waits kEndGrace for the process to end, and ends it.
+  // The Watch thread ends the agent (ended()): says why, arms the last resort (a thread that
+  // ends the process kEndGrace later unless it ended), closes the driver's client and aborts
+  // the round's communicators.
   void End(const std::string& why);
   // Clears this thread's parent-death signal once the worker joined (driver timeout > 0).
   void OutliveParent();
@@ -167,6 +168,7 @@ class AgentImpl final : public Agent {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> driver_lost_{false};
   std::atomic<bool> ended_{false};  // End() was called; end_why_ says why
+  std::thread end_watchdog_;        // End()'s last resort (set by the Watch thread)
   mutable Mutex end_mu_;
   std::string end_why_ ELASTIC_GUARDED_BY(end_mu_);
   std::atomic<bool> warned_reports_{false};  // a failed report during an outage, said once

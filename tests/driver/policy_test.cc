@@ -771,6 +771,10 @@ TEST_CASE("policy: the members of an aborted round get a new rendezvous wait bef
   };
   REQUIRE(Of(a, Action::kProposeRound).size() == 1);
   CHECK(at(Action::kRestartWait) < at(Action::kProposeRound));
+  // A later loss in the same round gives no new wait: a member that ignores the abort is not
+  // kept waiting for by every loss after it.
+  job.policy->OnExit("a:1", 137, "signal 9 (Killed)");
+  CHECK(Of(job.Take(), Action::kRestartWait).empty());
   // A hung round no member stands out in is aborted the same way.
   DriverOptions d = Static({{"a", 2}}, 2, 1);
   d.elastic = true;
