@@ -221,11 +221,11 @@ PYBIND11_MODULE(_elastic, m) {
     });
   });
 
-  // PyPI's NCCL and CUDA runtime wheels of this environment, which the NCCL backend loads when
-  // the process has none loaded yet (worker_agent/nccl_api.h, LoadNcclApi's step 3).
   // The signal the package registered faulthandler on: the driver sends it to a hung worker
   // for its Python stacks (worker_agent::SetStackSignal).
   m.def("_set_stack_signal", [](int signal) { worker_agent::SetStackSignal(signal); });
+  // PyPI's NCCL and CUDA runtime wheels of this environment, which the NCCL backend loads when
+  // the process has none loaded yet (worker_agent/nccl_api.h, LoadNcclApi's step 3).
   m.def("_set_wheel_library_paths",
         [](std::vector<std::string> nccl, std::vector<std::string> cudart) {
           worker_agent::SetWheelLibraryPaths(std::move(nccl), std::move(cudart));
