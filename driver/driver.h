@@ -20,6 +20,9 @@ enum class StragglerAction {
   kDrop,     // the job shrinks without it
 };
 
+inline constexpr StragglerAction kStragglerActions[] = {
+    StragglerAction::kWarn, StragglerAction::kReplace, StragglerAction::kDrop};
+
 // Its name on the command line and in the `straggler` event.
 inline const char* StragglerActionName(StragglerAction a) {
   switch (a) {

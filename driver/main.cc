@@ -205,9 +205,13 @@ void AddFailureOptions(CLI::App& app, CommandLine& c) {
                  "its place; its host counts a failure toward the blacklist) or drop (the job "
                  "shrinks without it, down to --min-np); either only when its estimated gain "
                  "pays for a round change, and at most once a minute")
-      ->check(CLI::IsMember(std::vector<std::string>{
-          StragglerActionName(StragglerAction::kWarn), StragglerActionName(StragglerAction::kReplace),
-          StragglerActionName(StragglerAction::kDrop)}));
+      ->check(CLI::IsMember([] {
+        std::vector<std::string> names;
+        for (StragglerAction a : elastic::driver::kStragglerActions) {
+          names.push_back(StragglerActionName(a));
+        }
+        return names;
+      }()));
   app.add_option("--hang-timeout", c.hang_timeout,
                  "Seconds a formed round may go without progress (a commit or a collective) "
                  "before the worker holding it up is named, its stacks dumped, and killed "
@@ -450,8 +454,7 @@ Status ResolveSizes(const CLI::App& app, CommandLine& c) {
         "--spares needs an elastic job (--min-np or --host-discovery-script): a "
         "fixed-size job ends at its first failure, so a spare would never be used");
   }
-  for (StragglerAction a :
-       {StragglerAction::kWarn, StragglerAction::kReplace, StragglerAction::kDrop}) {
+  for (StragglerAction a : elastic::driver::kStragglerActions) {
     if (c.straggler_action == StragglerActionName(a)) o.straggler_action = a;
   }
   if (o.straggler_action != StragglerAction::kWarn && !o.elastic) {
